@@ -1,0 +1,182 @@
+"""Settings for the runtime and its console, read from the environment.
+
+Every knob has a safe default for a local run on the embedded default (SQLite file, in-memory
+channel layer, in-process worker). A bad value stops start-up with ImproperlyConfigured that
+names the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("RUNTIME_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """Read a boolean variable: 1/true/yes/on or 0/false/no/off (any case)."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    """Read a comma-separated list; blanks are dropped."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_number(name: str, default: float, *, minimum: float = 0, integer: bool = False):
+    """Read a number (an int when ``integer``) no smaller than ``minimum``."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {raw!r}")
+    return value
+
+
+def env_database(name: str, default: str) -> dict:
+    """Parse a database URL (sqlite:///path or postgres://...) into a DATABASES entry."""
+    url = os.environ.get(name) or default
+    try:
+        config = dj_database_url.parse(url, conn_max_age=0)
+    except (ValueError, KeyError) as exc:
+        raise ImproperlyConfigured(
+            f"{name} is not a database URL we can use: {url!r} ({exc})"
+        ) from exc
+    engine = config["ENGINE"]
+    if engine == "django.db.backends.sqlite3":
+        # IMMEDIATE transactions take the write lock at BEGIN, so two writers queue on the busy
+        # timeout instead of failing on a lock upgrade; WAL lets readers run beside a writer.
+        config["OPTIONS"] = {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+        # Tests start real worker subprocesses, which cannot see an in-memory database.
+        config["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+    elif engine != "django.db.backends.postgresql":
+        raise ImproperlyConfigured(f"{name} must point at SQLite or PostgreSQL, got {engine}")
+    return config
+
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not env_bool("RUNTIME_INSECURE_DEV_KEY", True):
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set")
+    # A fixed local key keeps sessions valid across restarts of a local, embedded run only.
+    SECRET_KEY = "insecure-local-only-set-DJANGO_SECRET_KEY-in-production"
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "channels",
+    "runtime",
+    "console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+ASGI_APPLICATION = "console.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+DATABASES = {"default": env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'runtime.sqlite3'}")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "runtime": {"handlers": ["console"], "level": os.environ.get("RUNTIME_LOG_LEVEL", "INFO")},
+    },
+}
+
+# The runtime's own knobs; read through runtime.conf, never at import time.
+RUNTIME_AGENTS = env_list("RUNTIME_AGENTS", ["runtime.demo.agent.demo"])
+RUNTIME_ALLOW_SCRIPTED = env_bool("RUNTIME_ALLOW_SCRIPTED", True)
+RUNTIME_LEASE_SECONDS = env_number("RUNTIME_LEASE_SECONDS", 15, minimum=0.2)
+RUNTIME_HEARTBEAT_SECONDS = env_number("RUNTIME_HEARTBEAT_SECONDS", 5, minimum=0.1)
+RUNTIME_POISON_CLAIMS = env_number("RUNTIME_POISON_CLAIMS", 3, minimum=1, integer=True)
+RUNTIME_MODEL_RETRIES = env_number("RUNTIME_MODEL_RETRIES", 4, minimum=0, integer=True)
+RUNTIME_MODEL_BACKOFF_SECONDS = env_number("RUNTIME_MODEL_BACKOFF_SECONDS", 0.5, minimum=0)
+RUNTIME_IDLE_POLL_SECONDS = env_number("RUNTIME_IDLE_POLL_SECONDS", 0.5, minimum=0.01)

@@ -1,0 +1,80 @@
+"""Agents: a model provider and its settings, instructions, tools, step limit and permissions.
+
+Agents are Python values registered by dotted path in ``settings.RUNTIME_AGENTS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from runtime import conf
+from runtime.domain.model import Permission
+from runtime.errors import UnknownAgent
+from runtime.tools import Tool
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """Which model an agent talks to.
+
+    ``kind`` is "scripted", "openai" (any OpenAI-compatible server) or "anthropic".
+    ``api_key_env`` names the environment variable holding the key; ``timeout`` is in seconds;
+    ``options`` are extra request fields (temperature, max_tokens, ...).
+    """
+
+    kind: str = "scripted"
+    model: str = ""
+    base_url: str | None = None
+    api_key_env: str | None = None
+    timeout: float = 60.0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Agent:
+    """An agent definition. ``permissions`` overrides a tool's default permission by name;
+    ``plugins`` are objects with optional hook methods (see ``runtime.hooks``)."""
+
+    name: str
+    instructions: str
+    tools: tuple[Tool, ...] = ()
+    provider: ProviderConfig = field(default_factory=ProviderConfig)
+    step_limit: int = 10
+    permissions: Mapping[str, Permission] = field(default_factory=dict)
+    plugins: tuple[Any, ...] = ()
+    description: str = ""
+
+    def tool(self, name: str) -> Tool | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+    def permission_for(self, tool: Tool) -> Permission:
+        return self.permissions.get(tool.name, tool.permission)
+
+
+@cache
+def _registry(paths: tuple[str, ...]) -> dict[str, Agent]:
+    loaded = {}
+    for path in paths:
+        agent = import_string(path)
+        if callable(agent) and not isinstance(agent, Agent):
+            agent = agent()
+        loaded[agent.name] = agent
+    return loaded
+
+
+def registry() -> dict[str, Agent]:
+    """Every registered agent by name (``settings.RUNTIME_AGENTS``)."""
+    return _registry(tuple(conf.agent_paths()))
+
+
+def get_agent(name: str) -> Agent:
+    """Return the agent named ``name``; raise UnknownAgent listing the known names."""
+    agents = registry()
+    if name not in agents:
+        raise UnknownAgent(f"unknown agent {name!r}", known=sorted(agents))
+    return agents[name]

@@ -1,0 +1,49 @@
+"""The runtime's knobs, read from Django settings when asked (never at import time)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+
+
+def _get(name: str, default):
+    return getattr(settings, name, default)
+
+
+def agent_paths() -> list[str]:
+    return list(_get("RUNTIME_AGENTS", ["runtime.demo.agent.demo"]))
+
+
+def allow_scripted() -> bool:
+    return bool(_get("RUNTIME_ALLOW_SCRIPTED", True))
+
+
+def lease_ttl() -> timedelta:
+    """How long a claim lasts without a heartbeat (RUNTIME_LEASE_SECONDS, default 15 s)."""
+    return timedelta(seconds=float(_get("RUNTIME_LEASE_SECONDS", 15)))
+
+
+def heartbeat_seconds() -> float:
+    """How often an owner renews its lease (RUNTIME_HEARTBEAT_SECONDS, default 5 s)."""
+    return float(_get("RUNTIME_HEARTBEAT_SECONDS", 5))
+
+
+def poison_claims() -> int:
+    """Claims without any commit before a run is ended as indeterminate (default 3)."""
+    return int(_get("RUNTIME_POISON_CLAIMS", 3))
+
+
+def idle_poll_seconds() -> float:
+    """The longest a worker sleeps between looks when nothing wakes it (default 0.5 s)."""
+    return float(_get("RUNTIME_IDLE_POLL_SECONDS", 0.5))
+
+
+def model_retries() -> int:
+    """Retryable inference failures tolerated per step before the run fails (default 4)."""
+    return int(_get("RUNTIME_MODEL_RETRIES", 4))
+
+
+def model_backoff_seconds() -> float:
+    """The first backoff between inference retries, doubled each time (default 0.5 s)."""
+    return float(_get("RUNTIME_MODEL_BACKOFF_SECONDS", 0.5))

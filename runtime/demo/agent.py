@@ -1,0 +1,99 @@
+"""The demo agent: tools that write to an effect ledger keyed by operation id, one per
+recovery policy, plus an approval-gated one, an input-asking one and a slow one, so that
+"executed twice" is countable (``manage.py demo_ledger --json``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from django.db import transaction
+from django.db.models import F
+from pydantic import Field
+
+from runtime.agents import Agent, ProviderConfig
+from runtime.domain.model import Permission, RecoveryPolicy
+from runtime.models import LedgerEffect
+from runtime.tools import InputWait, ToolContext, tool
+
+Key = Annotated[str, Field(min_length=1, max_length=200, description="what to record")]
+
+
+def _apply(ctx: ToolContext, key: str, tool_name: str) -> dict[str, Any]:
+    """Record the effect once per operation id; count every repeated application."""
+    with transaction.atomic():
+        row, created = LedgerEffect.objects.get_or_create(
+            operation_id=ctx.operation_id,
+            defaults={"key": key, "tool": tool_name, "run_id": ctx.run_id},
+        )
+        if not created:
+            LedgerEffect.objects.filter(pk=row.pk).update(applied=F("applied") + 1)
+    return {"recorded": key, "operation_id": ctx.operation_id}
+
+
+def _lookup(ctx: ToolContext) -> dict[str, Any] | None:
+    row = LedgerEffect.objects.filter(operation_id=ctx.operation_id).first()
+    return {"recorded": row.key, "operation_id": row.operation_id} if row else None
+
+
+@tool(policy=RecoveryPolicy.REPLAY, max_attempts=3)
+def ledger_replay(ctx: ToolContext, key: Key) -> dict[str, Any]:
+    """Record a key in the ledger. Idempotent: safe to replay with the same operation id."""
+    return _apply(ctx, key, "ledger_replay")
+
+
+@tool(policy=RecoveryPolicy.RECONNECT, max_attempts=2, lookup=_lookup)
+def ledger_reconnect(ctx: ToolContext, key: Key) -> dict[str, Any]:
+    """Record a key in the ledger; recovery asks the ledger by operation id first."""
+    return _apply(ctx, key, "ledger_reconnect")
+
+
+@tool(policy=RecoveryPolicy.INDETERMINATE)
+def ledger_once(ctx: ToolContext, key: Key) -> dict[str, Any]:
+    """Record a key in the ledger; never retried: an interrupted call becomes Indeterminate."""
+    return _apply(ctx, key, "ledger_once")
+
+
+@tool(policy=RecoveryPolicy.INDETERMINATE, permission=Permission.ASK)
+def ledger_approval(ctx: ToolContext, key: Key) -> dict[str, Any]:
+    """Record a key in the ledger after an operator approves it."""
+    return _apply(ctx, key, "ledger_approval")
+
+
+def _input_ticket(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    return {"question": arguments["question"]}, arguments["answer_schema"]
+
+
+@tool(
+    policy=RecoveryPolicy.INDETERMINATE,
+    input_wait=InputWait(build=_input_ticket),
+)
+def ask_input(
+    ctx: ToolContext,
+    question: Annotated[str, Field(min_length=1, max_length=2000)],
+    answer_schema: Annotated[
+        dict[str, Any], Field(description="JSON schema of the expected answer")
+    ],
+) -> dict[str, Any]:
+    """Ask a person a question; the answer must match the given JSON schema."""
+    raise AssertionError("ask_input is answered through its input ticket, never executed")
+
+
+@tool(policy=RecoveryPolicy.REPLAY, max_attempts=3)
+def slow(ctx: ToolContext, seconds: Annotated[float, Field(ge=0, le=3600)]) -> dict[str, Any]:
+    """Wait the given number of seconds (replay-safe)."""
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+
+demo = Agent(
+    name="demo",
+    description="Scripted demo agent whose tools write to an effect ledger.",
+    instructions=(
+        "You are a demo agent. Use the ledger tools to record keys when asked; "
+        "ask for input when you need it."
+    ),
+    tools=(ledger_replay, ledger_reconnect, ledger_once, ledger_approval, ask_input, slow),
+    provider=ProviderConfig(kind="scripted"),
+    step_limit=8,
+)

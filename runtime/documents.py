@@ -1,0 +1,96 @@
+"""The run document: the one JSON shape the CLI (``runtime_show --json``) and the API share.
+
+Built from the projections only (committed facts), in a fixed number of queries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.errors import NotFound
+from runtime.models import MessageRecord, Run, Ticket, ToolCallRecord
+
+
+def call_document(call: ToolCallRecord) -> dict[str, Any]:
+    return {
+        "index": call.index,
+        "call_id": call.id,
+        "tool_call_id": call.tool_call_id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "arguments_text": call.arguments_text,
+        "phase": call.phase,
+        "attempt": call.attempt,
+        "max_attempts": call.max_attempts,
+        "operation_id": call.operation_id,
+        "policy": call.policy,
+        "permission": call.permission,
+        "approved": call.approved,
+        "result": call.result,
+        "is_error": call.is_error,
+        "effect_may_have_started": call.effect_may_have_started,
+        "updated_at": call.updated_at.isoformat() if call.updated_at else None,
+    }
+
+
+def ticket_document(ticket: Ticket) -> dict[str, Any]:
+    return {
+        "id": ticket.id,
+        "kind": ticket.kind,
+        "call_id": ticket.call_id,
+        "request": ticket.request,
+        "schema": ticket.schema,
+        "state": ticket.state,
+        "created_at": ticket.created_at.isoformat(),
+        "closed_at": ticket.closed_at.isoformat() if ticket.closed_at else None,
+        "closed_by": ticket.closed_by,
+        "decision": ticket.decision,
+    }
+
+
+def run_document(run_id: str) -> dict[str, Any]:
+    """Return the committed state of a run as the contract's run document.
+
+    Keys: id, thread_id, agent, state, end_cause, error, version, step, ticket (open ticket or
+    None), batches (with every call), messages (this run's committed messages), created_at,
+    committed_at. Raises NotFound for an unknown id.
+    """
+    run = Run.objects.filter(id=run_id).first()
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    calls = list(ToolCallRecord.objects.filter(run_id=run_id).order_by("step", "index"))
+    ticket = Ticket.objects.filter(run_id=run_id, state="open").first()
+    messages = MessageRecord.objects.filter(run_id=run_id).order_by("seq", "idx")
+    batches: dict[int, dict[str, Any]] = {}
+    for call in calls:
+        batch = batches.setdefault(
+            call.step, {"step": call.step, "finalized": call.batch_finalized, "calls": []}
+        )
+        batch["calls"].append(call_document(call))
+    return {
+        "id": run.id,
+        "thread_id": run.thread_id,
+        "agent": run.agent,
+        "state": run.state,
+        "end_cause": run.end_cause,
+        "error": run.error,
+        "version": run.version,
+        "step": run.step,
+        "ticket": ticket_document(ticket) if ticket else None,
+        "batches": list(batches.values()),
+        "messages": [
+            {
+                "role": m.role,
+                "content": m.content,
+                "tool_call_id": m.tool_call_id,
+                "tool_calls": m.tool_calls,
+                "name": m.name,
+                "seq": m.seq,
+            }
+            for m in messages
+        ],
+        "metadata": run.metadata,
+        "created_by": run.created_by,
+        "created_at": run.created_at.isoformat(),
+        "committed_at": run.committed_at.isoformat() if run.committed_at else None,
+    }

@@ -1,0 +1,451 @@
+"""Validation of one ThreadCommit against the committed state, and the fold of a log.
+
+``apply_commit`` is the single rule book: the coordinator calls it before writing anything,
+and the log checker folds whole logs with it. It raises a typed RuntimeFault for anything the
+seed or DESIGN.md does not allow, and otherwise returns the new head and run state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from runtime.domain import transitions as t
+from runtime.domain.events import (
+    BatchFinalized,
+    BatchOpened,
+    CallAwaiting,
+    CallCompleted,
+    CallExecuting,
+    CallIndeterminate,
+    CallResumed,
+    Event,
+    ReconciliationRecorded,
+    RunActivated,
+    StepCommitted,
+)
+from runtime.domain.model import (
+    DECISIONS_FOR_KIND,
+    CallPhase,
+    Decision,
+    Disposition,
+    EndCause,
+    Message,
+    Reconciliation,
+    ResumeCommand,
+    RunState,
+    RunView,
+    ThreadHead,
+    ToolBatch,
+    ToolCall,
+)
+from runtime.errors import (
+    IllegalTransition,
+    InvalidCommit,
+    InvalidDisposition,
+    KindMismatch,
+    NotActiveRun,
+    NotAwaiting,
+    NotFound,
+    RunAlreadyActive,
+    RunEnded,
+    TicketConsumed,
+    TicketMismatch,
+    VersionConflict,
+)
+
+RECONCILIATION_OUTCOMES = ("applied", "not_applied", "unknown")
+# What may happen to an Awaiting run: a validated resume, or sealing when it ends.
+AWAITING_EVENTS = (CallResumed, CallIndeterminate, BatchFinalized)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitDraft:
+    """One ThreadCommit before it is written.
+
+    ``run_id`` is None only for a thread note (reconciliation facts), which carries no
+    disposition. ``expected_version`` is the thread's last commit sequence as the writer saw it.
+    """
+
+    thread_id: str
+    run_id: str | None
+    expected_version: int
+    disposition: Disposition | None
+    messages: tuple[Message, ...] = ()
+    events: tuple[Event, ...] = ()
+    actor: str = ""
+
+
+# -- run-level rules ---------------------------------------------------------------------------
+
+
+def _refuse_run(before: RunState | None, to: RunState, why: str) -> IllegalTransition:
+    return IllegalTransition("run", before.value if before else "(new)", to.value, why)
+
+
+def _replace_call(run: RunView, call: ToolCall) -> RunView:
+    batch = run.open_batch
+    assert batch is not None
+    calls = tuple(call if c.call_id == call.call_id else c for c in batch.calls)
+    return replace(run, batches=(*run.batches[:-1], replace(batch, calls=calls)))
+
+
+def _open_call(run: RunView, call_id: str) -> ToolCall:
+    batch = run.open_batch
+    call = batch.call(call_id) if batch else None
+    if call is None:
+        raise InvalidCommit(f"call {call_id} is not in the run's open batch", call_id=call_id)
+    return call
+
+
+def _check_in_order(run: RunView, call: ToolCall) -> None:
+    """Calls start in the model's order: every earlier call must be terminal first."""
+    batch = run.open_batch
+    assert batch is not None
+    earlier = [c for c in batch.calls if c.index < call.index and not c.phase.terminal]
+    if earlier and call.phase is CallPhase.REQUESTED:
+        raise IllegalTransition(
+            "tool call", call.phase.value, "started",
+            f"call {earlier[0].index} must finish first (calls run in order)",
+            call_id=call.call_id,
+        )
+
+
+def _apply_event(run: RunView, event: Event) -> RunView:  # noqa: C901 - one branch per event
+    match event:
+        case StepCommitted(step=step):
+            if run.open_batch is not None:
+                raise InvalidCommit("an open batch must finish before the model is asked again")
+            if step != run.step + 1:
+                raise InvalidCommit(f"step must be {run.step + 1}, got {step}")
+            return replace(run, step=step)
+        case BatchOpened(step=step, calls=calls):
+            return _open_batch(run, step, calls)
+        case CallExecuting(call_id=call_id, attempt=attempt):
+            call = _open_call(run, call_id)
+            _check_in_order(run, call)
+            return _replace_call(run, t.start_attempt(call, attempt))
+        case CallAwaiting(call_id=call_id, ticket_id=ticket_id):
+            call = _open_call(run, call_id)
+            _check_in_order(run, call)
+            return _replace_call(run, t.await_ticket(call, ticket_id))
+        case CallResumed():
+            return _resume(run, event)
+        case CallCompleted(call_id=call_id, result=result, is_error=is_error):
+            call = _open_call(run, call_id)
+            if call.phase is CallPhase.AWAITING and call.approved:
+                raise t._refuse(call, CallPhase.COMPLETED, "an approved call must execute first")
+            return _replace_call(run, t.complete(call, result, is_error=is_error))
+        case CallIndeterminate(call_id=call_id, reason=reason):
+            return _replace_call(run, t.seal_indeterminate(_open_call(run, call_id), reason))
+        case BatchFinalized(step=step):
+            batch = run.open_batch
+            if batch is None or batch.step != step:
+                raise InvalidCommit(f"no open batch for step {step}")
+            if not batch.all_terminal:
+                waiting = [c.index for c in batch.calls if not c.phase.terminal]
+                raise InvalidCommit(f"calls {waiting} are not terminal; the batch stays open")
+            return replace(run, batches=(*run.batches[:-1], replace(batch, finalized=True)))
+        case RunActivated() | ReconciliationRecorded():
+            raise InvalidCommit(f"{type(event).__name__} cannot appear here")
+    raise InvalidCommit(f"unknown event {event!r}")
+
+
+def _open_batch(run: RunView, step: int, calls: tuple[ToolCall, ...]) -> RunView:
+    if run.open_batch is not None:
+        raise InvalidCommit("the run already has an open batch")
+    if step != run.step:
+        raise InvalidCommit("a batch opens in the commit of the inference that produced it")
+    if not calls:
+        raise InvalidCommit("a batch has at least one call")
+    for index, call in enumerate(calls):
+        if call.index != index or call.phase is not CallPhase.REQUESTED or call.attempt:
+            raise InvalidCommit("a new batch lists its calls in order, all Requested")
+    if len({c.call_id for c in calls}) != len(calls) or len(
+        {c.operation_id for c in calls}
+    ) != len(calls):
+        raise InvalidCommit("call ids and operation ids are unique within a batch")
+    return replace(run, batches=(*run.batches, ToolBatch(step=step, calls=calls)))
+
+
+def _resume(run: RunView, event: CallResumed) -> RunView:
+    if run.ticket is None:
+        raise NotAwaiting(state=run.state.value)
+    command = ResumeCommand(
+        ticket_id=event.ticket_id,
+        kind=run.ticket.kind,
+        decision=event.decision,
+        input=event.input,
+        call_id=event.call_id,
+    )
+    check_resume(run, command)
+    call = _open_call(run, event.call_id)
+    updated = t.resume_call(call, event.ticket_id, event.decision, resume_result(event))
+    run = _replace_call(run, updated)
+    return replace(run, ticket=None, consumed_tickets=(*run.consumed_tickets, event.ticket_id))
+
+
+def resume_result(event: CallResumed) -> str:
+    """The result text a deny or an input answer publishes for the model."""
+    if event.decision is Decision.DENY:
+        return "Denied by operator" + (f": {event.reason}" if event.reason else ".")
+    if event.decision is Decision.INPUT:
+        return json.dumps(event.input, sort_keys=True, ensure_ascii=False)
+    return ""
+
+
+def check_resume(run: RunView, command: ResumeCommand) -> None:
+    """Refuse a ResumeCommand that does not match the committed ticket (seed: call at Awaiting).
+
+    Raises RunEnded, TicketConsumed, NotAwaiting, TicketMismatch or KindMismatch; returns
+    None when the command may be committed.
+    """
+    if run.state is RunState.ENDED:
+        raise RunEnded(end_cause=run.end_cause and run.end_cause.value)
+    if command.ticket_id in run.consumed_tickets:
+        raise TicketConsumed(ticket_id=command.ticket_id)
+    if run.state is not RunState.AWAITING or run.ticket is None:
+        raise NotAwaiting(state=run.state.value)
+    ticket = run.ticket
+    if command.ticket_id != ticket.id or command.call_id not in (None, ticket.call_id):
+        raise TicketMismatch(open_ticket=ticket.id, given=command.ticket_id)
+    if command.kind is not ticket.kind or command.decision not in DECISIONS_FOR_KIND[ticket.kind]:
+        raise KindMismatch(
+            ticket_kind=ticket.kind.value,
+            given_kind=str(command.kind),
+            decision=command.decision.value,
+        )
+
+
+def _check_messages(run: RunView, draft: CommitDraft, activation: bool) -> None:
+    roles = [m.role for m in draft.messages]
+    inputs = [r for r in roles if r in ("user", "system")]
+    if inputs and not activation:
+        raise InvalidCommit("user and system messages enter only with a new run")
+    stepped = any(isinstance(e, StepCommitted) for e in draft.events)
+    assistants = [m for m in draft.messages if m.role == "assistant"]
+    if len(assistants) != (1 if stepped else 0):
+        raise InvalidCommit("each committed inference carries exactly one assistant message")
+    opened = next((e for e in draft.events if isinstance(e, BatchOpened)), None)
+    if assistants:
+        requested = [c["id"] for c in assistants[0].tool_calls]
+        expected = [c.tool_call_id for c in opened.calls] if opened else []
+        if requested != expected:
+            raise InvalidCommit("the assistant's tool-use blocks must match the batch, in order")
+    tools = tuple(m for m in draft.messages if m.role == "tool")
+    finalized = any(isinstance(e, BatchFinalized) for e in draft.events)
+    published = publication(run.batches[-1]) if finalized else ()
+    if tools != published:
+        raise InvalidCommit("tool results are published only by finalization, in call order")
+    if len(roles) != len(inputs) + len(assistants) + len(tools):
+        raise InvalidCommit(f"unknown message role in {roles}")
+
+
+def publication(batch: ToolBatch) -> tuple[Message, ...]:
+    """The tool-result messages a finalized batch publishes, in the model's call order."""
+    return tuple(
+        Message(role="tool", content=c.result or "", tool_call_id=c.tool_call_id, name=c.name)
+        for c in sorted(batch.calls, key=lambda c: c.index)
+    )
+
+
+def _apply_disposition(
+    before: RunState | None, run: RunView, disposition: Disposition, resumed: bool
+) -> RunView:
+    to = disposition.state
+    if before is None and to is not RunState.RUNNING:
+        raise _refuse_run(before, to, "a run activates as Running")
+    if before is RunState.AWAITING and to is RunState.RUNNING and not resumed:
+        raise _refuse_run(before, to, "only a validated ResumeCommand resumes an Awaiting run")
+    if before is RunState.AWAITING and to is RunState.AWAITING:
+        raise _refuse_run(before, to, "an Awaiting run waits on one ticket at a time")
+    if before is RunState.RUNNING and resumed:
+        raise _refuse_run(before, to, "a resume needs an Awaiting run")
+    batch = run.open_batch
+    if to is RunState.AWAITING:
+        ticket = disposition.ticket
+        assert ticket is not None
+        call = batch.call(ticket.call_id) if batch else None
+        if ticket.run_id != run.run_id:
+            raise InvalidDisposition("the ticket belongs to another run")
+        if call is None or call.phase is not CallPhase.AWAITING or call.ticket_id != ticket.id:
+            raise InvalidDisposition("the ticket must be the wait of a call in the open batch")
+        if ticket.id in run.consumed_tickets:
+            raise InvalidDisposition("a consumed ticket is never delivered again")
+        return replace(run, state=to, ticket=ticket)
+    if to is RunState.ENDED:
+        if batch is not None:
+            raise _refuse_run(before, to, "an ending run seals and finalizes its open batch")
+        consumed = run.consumed_tickets + ((run.ticket.id,) if run.ticket else ())
+        return replace(
+            run,
+            state=to,
+            end_cause=disposition.end_cause,
+            error=disposition.error,
+            ticket=None,
+            consumed_tickets=consumed,
+        )
+    if batch and any(c.phase is CallPhase.AWAITING and not c.approved for c in batch.calls):
+        raise _refuse_run(before, to, "a call awaits a ticket, so the run must be Awaiting")
+    return replace(run, state=to)
+
+
+# -- the commit ----------------------------------------------------------------------------------
+
+
+def apply_commit(
+    head: ThreadHead, run: RunView | None, draft: CommitDraft
+) -> tuple[ThreadHead, RunView | None]:
+    """Validate ``draft`` against the committed head and run; return the new head and run.
+
+    ``run`` is the committed state of ``draft.run_id`` (None for a new run), or, for a thread
+    note, of the run the reconciled call belongs to. Raises VersionConflict when the head has
+    moved, and a typed RuntimeFault (IllegalTransition, InvalidCommit, InvalidDisposition,
+    RunAlreadyActive, NotActiveRun, RunEnded, ticket errors) for anything else; nothing is
+    returned half-applied.
+    """
+    if draft.thread_id != head.thread_id:
+        raise InvalidCommit("the commit names another thread")
+    if draft.expected_version != head.version:
+        raise VersionConflict(expected=draft.expected_version, actual=head.version)
+    version = head.version + 1
+    if draft.run_id is None:
+        run = _apply_note(head, run, draft)
+        return replace(head, version=version), run
+    activation = bool(draft.events) and isinstance(draft.events[0], RunActivated)
+    if activation:
+        event = draft.events[0]
+        assert isinstance(event, RunActivated)
+        if run is not None or event.run_id != draft.run_id:
+            raise InvalidCommit("a run activates once, with its own id")
+        if head.active_run_id is not None:
+            raise RunAlreadyActive(active_run_id=head.active_run_id)
+        before: RunState | None = None
+        run = RunView(run_id=draft.run_id, thread_id=head.thread_id, agent=event.agent)
+        events = draft.events[1:]
+    else:
+        if run is None:
+            raise NotFound(f"run {draft.run_id} has no committed activation")
+        if run.run_id != draft.run_id or run.thread_id != head.thread_id:
+            raise InvalidCommit("the run does not belong to this thread")
+        if run.state is RunState.ENDED:
+            raise RunEnded(end_cause=run.end_cause and run.end_cause.value)
+        if head.active_run_id != run.run_id:
+            raise NotActiveRun(active_run_id=head.active_run_id)
+        before = run.state
+        events = draft.events
+    if draft.disposition is None:
+        raise InvalidDisposition("a run's commit carries its RunDisposition")
+    draft.disposition.validate()
+    resumed = False
+    for event in events:
+        if before is RunState.AWAITING and not isinstance(event, AWAITING_EVENTS):
+            raise _refuse_run(
+                before, draft.disposition.state, "an Awaiting run changes only by resume or end"
+            )
+        run = _apply_event(run, event)
+        resumed = resumed or isinstance(event, CallResumed)
+    _check_messages(run, draft, activation)
+    run = replace(_apply_disposition(before, run, draft.disposition, resumed), version=version)
+    active = None if run.state is RunState.ENDED else run.run_id
+    return replace(head, version=version, active_run_id=active), run
+
+
+def _apply_note(head: ThreadHead, run: RunView | None, draft: CommitDraft) -> RunView | None:
+    if draft.disposition is not None or draft.messages or not draft.events:
+        raise InvalidCommit("a thread note carries reconciliation facts only")
+    for event in draft.events:
+        if not isinstance(event, ReconciliationRecorded):
+            raise InvalidCommit("a thread note carries reconciliation facts only")
+        if run is None or run.run_id != event.run_id or run.thread_id != head.thread_id:
+            raise InvalidCommit("the reconciled call's run is not on this thread")
+        call = run.find_call(event.call_id)
+        if call is None or call.phase is not CallPhase.INDETERMINATE:
+            raise InvalidCommit("only an Indeterminate call is reconciled")
+        if event.outcome not in RECONCILIATION_OUTCOMES:
+            raise InvalidCommit(f"outcome must be one of {RECONCILIATION_OUTCOMES}")
+    return run
+
+
+# -- builders the loop and the operator commands share ------------------------------------------
+
+
+def ending(run: RunView, reason: str) -> tuple[tuple[Event, ...], tuple[Message, ...]]:
+    """The events and messages that seal an ending run's open batch (DESIGN.md decision).
+
+    Every non-terminal call becomes Indeterminate with ``reason`` and the batch is finalized,
+    so a follow-up run never sees a tool-use block without a result.
+    """
+    batch = run.open_batch
+    if batch is None:
+        return (), ()
+    events: list[Event] = [
+        CallIndeterminate(call_id=c.call_id, reason=reason)
+        for c in batch.calls
+        if not c.phase.terminal
+    ]
+    sealed = batch
+    for event in events:
+        assert isinstance(event, CallIndeterminate)
+        call = sealed.call(event.call_id)
+        assert call is not None
+        new = t.seal_indeterminate(call, reason)
+        sealed = replace(sealed, calls=tuple(new if c.call_id == new.call_id else c for c in sealed.calls))
+    events.append(BatchFinalized(step=batch.step))
+    return tuple(events), publication(sealed)
+
+
+def end_cause_reason(cause: EndCause) -> str:
+    """Why open calls were sealed, in words for the model and the operator."""
+    return {
+        EndCause.CANCELLED: "the run was cancelled before this call finished",
+        EndCause.STOPPED: "the run was stopped before this call finished",
+        EndCause.FAILED: "the run failed before this call finished",
+        EndCause.STEP_LIMIT: "the run reached its step limit",
+        EndCause.INDETERMINATE: "the run ended with an indeterminate outcome",
+        EndCause.NATURAL: "the run ended",
+    }[cause]
+
+
+# -- the fold ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FoldedThread:
+    """The state a thread's whole log folds to: what the projections must equal."""
+
+    head: ThreadHead
+    runs: dict[str, RunView] = field(default_factory=dict)
+    messages: list[tuple[int, str | None, Message]] = field(default_factory=list)
+    reconciliations: list[tuple[int, Reconciliation]] = field(default_factory=list)
+
+
+def fold(thread_id: str, commits: Iterable[tuple[int, CommitDraft]]) -> FoldedThread:
+    """Fold ``(sequence, commit)`` pairs, oldest first, into the thread's state.
+
+    Raises the first refusal ``apply_commit`` gives, with ``sequence`` in its detail.
+    """
+    state = FoldedThread(head=ThreadHead(thread_id=thread_id))
+    for seq, draft in commits:
+        if seq != state.head.version + 1:
+            raise InvalidCommit(f"sequence {seq} does not follow {state.head.version}", sequence=seq)
+        target = draft.run_id or next(
+            (e.run_id for e in draft.events if isinstance(e, ReconciliationRecorded)), None
+        )
+        try:
+            state.head, run = apply_commit(state.head, state.runs.get(target or ""), draft)
+        except Exception as exc:  # annotate with the sequence, keep the type
+            if hasattr(exc, "detail"):
+                exc.detail["sequence"] = seq
+            raise
+        if run is not None and draft.run_id is not None:
+            state.runs[run.run_id] = run
+        state.messages.extend((seq, draft.run_id, m) for m in draft.messages)
+        state.reconciliations.extend(
+            (seq, Reconciliation(call_id=e.call_id, run_id=e.run_id, outcome=e.outcome,
+                                 evidence=e.evidence, actor=draft.actor))
+            for e in draft.events
+            if isinstance(e, ReconciliationRecorded)
+        )
+    return state

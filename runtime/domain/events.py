@@ -1,0 +1,115 @@
+"""The typed facts a ThreadCommit carries besides its disposition and messages.
+
+Each event is one step of a state machine in ``transitions.py``; the log stores them as JSON
+objects with a ``type`` key (see ``codec.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.domain.model import JSON, Decision, ToolCall
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunActivated:
+    """A new Run starts on the thread (RunActivation: the first commit of a Run)."""
+
+    run_id: str
+    agent: str
+    metadata: JSON = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepCommitted:
+    """One inference was committed; the assistant message rides in the same commit."""
+
+    step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchOpened:
+    """The model's whole batch of tool calls, all Requested, before anything executes."""
+
+    step: int
+    calls: tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallExecuting:
+    """An executor attempt starts: an external effect may begin after this commit."""
+
+    call_id: str
+    attempt: int
+    worker: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallAwaiting:
+    """The call waits on the ticket the same commit's Awaiting disposition carries."""
+
+    call_id: str
+    ticket_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallResumed:
+    """A validated ResumeCommand consumed the call's ticket.
+
+    APPROVE leaves the call Awaiting but approved (the worker commits Executing next);
+    DENY completes it with a denied error; INPUT completes it with the input as result.
+    """
+
+    call_id: str
+    ticket_id: str
+    decision: Decision
+    input: JSON = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallCompleted:
+    """The call's terminal result (output or error for the model)."""
+
+    call_id: str
+    result: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallIndeterminate:
+    """The call's outcome cannot be classified, or its run ended before it finished."""
+
+    call_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchFinalized:
+    """Every call is terminal; the results are published in the model's call order."""
+
+    step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReconciliationRecorded:
+    """An operator recorded what the downstream system says of an Indeterminate call."""
+
+    run_id: str
+    call_id: str
+    outcome: str  # "applied" | "not_applied" | "unknown"
+    evidence: str = ""
+
+
+Event = (
+    RunActivated
+    | StepCommitted
+    | BatchOpened
+    | CallExecuting
+    | CallAwaiting
+    | CallResumed
+    | CallCompleted
+    | CallIndeterminate
+    | BatchFinalized
+    | ReconciliationRecorded
+)

@@ -1,0 +1,120 @@
+"""The seed's recovery decision table as pure functions.
+
+``next_action`` reads a committed RunView and says what a worker does next; the loop applies
+it. ``executing_decision`` applies a call's pinned ToolRecoveryPolicy to a call found
+Executing. Neither guesses: what cannot be classified becomes Indeterminate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.domain.model import CallPhase, RecoveryPolicy, RunState, RunView, ToolBatch, ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class Infer:
+    """Running, no open batch: ask the model for the next Step."""
+
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepLimit:
+    """Running, no open batch, but the step limit is reached: end the run."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """A call at Requested: run the gates, commit Executing or Awaiting, then execute."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteApproved:
+    """A call Awaiting with a committed approval: commit Executing, then execute."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverExecuting:
+    """A call found Executing: apply its pinned ToolRecoveryPolicy."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class Finalize:
+    """Every call is terminal: publish the results in call order."""
+
+    batch: ToolBatch
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Nothing to do for a worker: the run awaits its ticket or has ended."""
+
+    state: RunState
+
+
+Action = Infer | StepLimit | Gate | ExecuteApproved | RecoverExecuting | Finalize | Idle
+
+
+def next_action(run: RunView, step_limit: int) -> Action:
+    """Return what the committed frontier calls for (the seed's recovery decision table).
+
+    An open batch is resolved before the model is asked anything; calls are taken in the
+    model's order; terminal calls are kept as they are.
+    """
+    if run.state is not RunState.RUNNING:
+        return Idle(run.state)
+    batch = run.open_batch
+    if batch is None:
+        return StepLimit() if run.step >= step_limit else Infer(run.step + 1)
+    for call in batch.calls:
+        if call.phase is CallPhase.REQUESTED:
+            return Gate(call)
+        if call.phase is CallPhase.EXECUTING:
+            return RecoverExecuting(call)
+        if call.phase is CallPhase.AWAITING:
+            return ExecuteApproved(call) if call.approved else Idle(RunState.AWAITING)
+    return Finalize(batch)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Run the tool again as attempt ``attempt``, with the same operation id."""
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """Ask the downstream system by operation id before anything else."""
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    """Mark the call Indeterminate for a person to reconcile."""
+
+    reason: str
+
+
+RecoveryDecision = Retry | Lookup | Seal
+
+
+def executing_decision(call: ToolCall, *, looked_up: bool = False) -> RecoveryDecision:
+    """Apply the pinned policy to a call whose attempt may have started and has no result.
+
+    ``looked_up`` is True once a reconnect lookup found nothing. Returns Retry while the
+    pinned attempt budget allows, Lookup for reconnect tools first, else Seal.
+    """
+    if call.policy is RecoveryPolicy.INDETERMINATE:
+        return Seal("the worker stopped after the call started; its policy never guesses")
+    if call.policy is RecoveryPolicy.RECONNECT and not looked_up:
+        return Lookup()
+    if call.attempt < call.max_attempts:
+        return Retry(call.attempt + 1)
+    return Seal(f"no result after {call.attempt} attempts (budget {call.max_attempts})")

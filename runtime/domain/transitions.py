@@ -1,0 +1,122 @@
+"""The tool-call state machine of the seed and DESIGN.md, applied to one call at a time.
+
+``advance_call`` is the only way a call changes phase; it raises IllegalTransition naming
+from, to and why for anything the table does not allow. Executing never returns to Requested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from runtime.domain.model import CallPhase, Decision, Permission, RecoveryPolicy, ToolCall
+from runtime.errors import IllegalTransition
+
+R, X, A, C, I = (
+    CallPhase.REQUESTED,
+    CallPhase.EXECUTING,
+    CallPhase.AWAITING,
+    CallPhase.COMPLETED,
+    CallPhase.INDETERMINATE,
+)
+
+# The seed's tool-call state machine (from, to). Terminal phases leave only by finalization.
+LEGAL_CALL_TRANSITIONS: frozenset[tuple[CallPhase, CallPhase]] = frozenset(
+    {
+        (R, X),  # first executor attempt committed
+        (X, X),  # retry under the pinned policy
+        (R, A),  # gate or external input
+        (X, A),  # delegated or scheduled wait
+        (A, X),  # matching typed resume
+        (R, C),  # blocked by a gate, or result supplied
+        (X, C),  # output committed
+        (A, C),  # denied, or completed externally
+        (R, I),  # run ended before the call started
+        (X, I),  # outcome cannot be classified
+        (A, I),  # owning run ended
+    }
+)
+
+
+def _refuse(call: ToolCall, to: CallPhase, why: str) -> IllegalTransition:
+    return IllegalTransition("tool call", call.phase.value, to.value, why, call_id=call.call_id)
+
+
+def check_call_transition(call: ToolCall, to: CallPhase) -> None:
+    """Raise IllegalTransition unless ``call.phase -> to`` is in the seed's table."""
+    if (call.phase, to) not in LEGAL_CALL_TRANSITIONS:
+        why = (
+            "a terminal call never changes again"
+            if call.phase.terminal
+            else "Executing is never turned back into Requested"
+            if (call.phase, to) == (X, R)
+            else "not an edge of the tool-call state machine"
+        )
+        raise _refuse(call, to, why)
+
+
+def start_attempt(call: ToolCall, attempt: int) -> ToolCall:
+    """Commit an executor attempt (-> Executing{attempt}); the effect may start after it.
+
+    Raises IllegalTransition when the permission pinned in the call forbids running it
+    without an approval, when the attempt is not the next one, when a retry is not allowed by
+    the pinned policy, or when the attempt budget (``max_attempts``) is spent.
+    """
+    check_call_transition(call, X)
+    if call.permission is Permission.DENY:
+        raise _refuse(call, X, "the pinned permission denies this tool")
+    if call.phase is R and call.permission is Permission.ASK:
+        raise _refuse(call, X, "the pinned permission asks for approval first")
+    if call.phase is A and not call.approved:
+        raise _refuse(call, X, "no matching resume was committed for the wait")
+    if call.phase is X and call.policy is RecoveryPolicy.INDETERMINATE:
+        raise _refuse(call, X, "the pinned policy never retries an attempt that may have started")
+    if attempt != call.attempt + 1:
+        raise _refuse(call, X, f"attempt must be {call.attempt + 1}, got {attempt}")
+    if attempt > call.max_attempts:
+        raise _refuse(call, X, f"the pinned budget allows {call.max_attempts} attempts")
+    return replace(call, phase=X, attempt=attempt, approved=False)
+
+
+def await_ticket(call: ToolCall, ticket_id: str) -> ToolCall:
+    """Park the call on a new ticket (-> Awaiting)."""
+    check_call_transition(call, A)
+    return replace(call, phase=A, ticket_id=ticket_id, approved=False)
+
+
+def resume_call(call: ToolCall, ticket_id: str, decision: Decision, result: str) -> ToolCall:
+    """Apply a validated resume: approve stays Awaiting (approved), deny/input complete."""
+    if call.phase is not A or call.ticket_id != ticket_id or call.approved:
+        raise _refuse(call, X, f"the call is not awaiting ticket {ticket_id}")
+    if decision is Decision.APPROVE:
+        return replace(call, approved=True)
+    return complete(call, result, is_error=decision is Decision.DENY)
+
+
+def complete(call: ToolCall, result: str, *, is_error: bool) -> ToolCall:
+    """Commit the call's terminal result (-> Completed)."""
+    check_call_transition(call, C)
+    return replace(call, phase=C, result=result, is_error=is_error, approved=False)
+
+
+def seal_indeterminate(call: ToolCall, reason: str) -> ToolCall:
+    """Mark the call Indeterminate (terminal), publishing an explicit error for the model.
+
+    The effect may have started only if an executor attempt was ever committed; only such
+    calls need reconciliation (DESIGN.md, "Indeterminate is terminal").
+    """
+    check_call_transition(call, I)
+    started = call.attempt > 0
+    if started:
+        text = (
+            f"Outcome unknown: this call may have taken effect ({reason}). "
+            f"Operation id {call.operation_id}. Verify with the downstream system before "
+            "retrying."
+        )
+    else:
+        text = (
+            f"Not executed: {reason}. The call never started (operation id "
+            f"{call.operation_id})."
+        )
+    return replace(
+        call, phase=I, result=text, is_error=True, approved=False, effect_may_have_started=started
+    )

@@ -1,0 +1,144 @@
+"""Typed errors of the runtime. One root, one subclass per refusal; a docstring is its message.
+
+The API and the console map these to status codes and error codes in one place
+(console/api/errors.py); ``code`` is the stable machine-readable name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RuntimeFault(Exception):
+    """The runtime refused an operation."""
+
+    code = "runtime_error"
+    status = 400
+
+    def __init__(self, message: str | None = None, **detail: Any) -> None:
+        self.message = message or (self.__doc__ or self.code).strip()
+        self.detail = detail
+        super().__init__(self.message)
+
+
+class IllegalTransition(RuntimeFault):
+    """The change is not a legal transition of the state machine."""
+
+    code = "illegal_transition"
+    status = 409
+
+    def __init__(self, machine: str, from_: str, to: str, why: str, **detail: Any) -> None:
+        super().__init__(
+            f"{machine}: {from_} -> {to} is not allowed: {why}",
+            machine=machine, from_state=from_, to_state=to, why=why, **detail,
+        )
+
+
+class InvalidCommit(RuntimeFault):
+    """The commit is malformed and was not written."""
+
+    code = "invalid_commit"
+    status = 422
+
+
+class InvalidDisposition(InvalidCommit):
+    """Only an Awaiting disposition carries a ticket, and it must carry one."""
+
+    code = "invalid_disposition"
+
+
+class VersionConflict(RuntimeFault):
+    """Another writer committed first; reload the committed state and decide again."""
+
+    code = "version_conflict"
+    status = 409
+
+
+class LeaseLost(RuntimeFault):
+    """This worker no longer holds the run's lease; another worker owns it."""
+
+    code = "lease_lost"
+    status = 409
+
+
+class NotFound(RuntimeFault):
+    """No such object."""
+
+    code = "not_found"
+    status = 404
+
+
+class UnknownAgent(NotFound):
+    """No agent is registered under that name."""
+
+    code = "unknown_agent"
+
+
+class RunAlreadyActive(RuntimeFault):
+    """The thread already has a run that has not ended."""
+
+    code = "run_active"
+    status = 409
+
+
+class NotActiveRun(RuntimeFault):
+    """The run is not the thread's active run."""
+
+    code = "not_active_run"
+    status = 409
+
+
+class RunEnded(RuntimeFault):
+    """The run has ended; an ended run is never reopened."""
+
+    code = "run_ended"
+    status = 409
+
+
+class NotAwaiting(RuntimeFault):
+    """The run is not awaiting a resume command."""
+
+    code = "not_awaiting"
+    status = 409
+
+
+class TicketMismatch(RuntimeFault):
+    """The command names a ticket, call or run other than the open ticket."""
+
+    code = "ticket_mismatch"
+    status = 409
+
+
+class KindMismatch(RuntimeFault):
+    """The command's kind does not match the open ticket's kind."""
+
+    code = "kind_mismatch"
+    status = 409
+
+
+class TicketConsumed(RuntimeFault):
+    """The ticket has already been answered; a consumed ticket is never delivered again."""
+
+    code = "ticket_consumed"
+    status = 409
+
+
+class InvalidInput(RuntimeFault):
+    """The input does not match the ticket's JSON schema."""
+
+    code = "invalid_input"
+    status = 422
+
+
+class IdempotencyKeyReused(RuntimeFault):
+    """The idempotency key was already used with a different request."""
+
+    code = "idempotency_key_reused"
+    status = 422
+
+
+class ScriptRefused(RuntimeFault):
+    """Scripted runs are disabled, or the script is malformed."""
+
+    code = "script_refused"
+    status = 422

@@ -1,0 +1,23 @@
+"""``manage.py runtime_cancel RUN [--reason R]``: end a run as cancelled."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runtime.errors import RuntimeFault
+from runtime.operations import cancel
+
+
+class Command(BaseCommand):
+    help = "Cancel a run (an ended run keeps its terminus) and print its state."
+
+    def add_arguments(self, parser):
+        parser.add_argument("run_id")
+        parser.add_argument("--reason", default="")
+
+    def handle(self, *args, run_id, reason, **options):
+        try:
+            document = cancel(run_id, actor="cli", reason=reason)
+        except RuntimeFault as exc:
+            raise CommandError(f"{exc.code}: {exc.message}") from exc
+        self.stdout.write(f"run {run_id}: {document['state']} ({document['end_cause']})")

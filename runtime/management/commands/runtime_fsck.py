@@ -1,0 +1,49 @@
+"""``manage.py runtime_fsck [--thread ID] [--json]``: the log checker.
+
+Folds every thread's commit log (or one thread's) and compares it with the projections
+(runtime.fsck). Prints one line per violation, ``thread=<id> seq=<n> <what>``, or with
+``--json`` one object ``{"threads", "violations": [{"thread_id", "seq", "what"}], "ok"}``.
+Exits 0 when the log and the projections agree, 1 on any violation, 2 for an unknown thread.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runtime import fsck
+from runtime.errors import NotFound
+from runtime.models import Thread
+
+
+class Command(BaseCommand):
+    help = "Fold each thread's commit log and compare it with the projections (the log checker)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--thread", dest="thread_id", metavar="ID", help="check one thread")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def handle(self, *args: Any, thread_id: str | None = None, **options: Any) -> None:
+        try:
+            violations = fsck.check(thread_id)
+        except NotFound as exc:
+            raise CommandError(exc.message, returncode=2) from exc
+        threads = 1 if thread_id is not None else Thread.objects.count()
+        if options["json"]:
+            document = {
+                "threads": threads,
+                "violations": [v.as_dict() for v in violations],
+                "ok": not violations,
+            }
+            self.stdout.write(json.dumps(document, indent=2, sort_keys=True))
+        else:
+            for violation in violations:
+                self.stdout.write(str(violation))
+            self.stdout.write(f"checked {threads} thread(s): {len(violations)} violation(s)")
+        if violations:
+            raise CommandError(
+                f"the log and the projections disagree ({len(violations)} violation(s))",
+                returncode=1,
+            )

@@ -1,0 +1,53 @@
+"""``manage.py runtime_resume RUN --ticket ID (--approve | --deny [--reason R] | --input JSON)``."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runtime.crash import crash_point
+from runtime.domain.model import Decision, ResumeCommand, TicketKind
+from runtime.errors import RuntimeFault
+from runtime.models import Ticket
+from runtime.operations import resume
+
+
+class Command(BaseCommand):
+    help = "Answer a run's open ticket and print the run's state."
+
+    def add_arguments(self, parser):
+        parser.add_argument("run_id")
+        parser.add_argument("--ticket", required=True)
+        group = parser.add_mutually_exclusive_group(required=True)
+        group.add_argument("--approve", action="store_true")
+        group.add_argument("--deny", action="store_true")
+        group.add_argument("--input", help="the answer, as JSON")
+        parser.add_argument("--reason", default="")
+        parser.add_argument("--idempotency-key")
+
+    def handle(self, *args, run_id, ticket, approve, deny, input, reason, idempotency_key,
+               **options):
+        if input is not None:
+            try:
+                value = json.loads(input)
+            except json.JSONDecodeError as exc:
+                raise CommandError(f"--input is not JSON: {exc}") from exc
+            decision = Decision.INPUT
+        else:
+            value, decision = None, Decision.APPROVE if approve else Decision.DENY
+        # The kind comes from the ticket named; a wrong ticket is refused by resume itself.
+        kind = Ticket.objects.filter(id=ticket).values_list("kind", flat=True).first()
+        command = ResumeCommand(
+            ticket_id=ticket,
+            kind=TicketKind(kind) if kind else TicketKind.APPROVAL,
+            decision=decision,
+            input=value,
+            reason=reason,
+        )
+        try:
+            document = resume(run_id, command, actor="cli", idempotency_key=idempotency_key)
+        except RuntimeFault as exc:
+            raise CommandError(f"{exc.code}: {exc.message}") from exc
+        crash_point("resume_committed")
+        self.stdout.write(f"run {run_id}: {document['state']} (version {document['version']})")

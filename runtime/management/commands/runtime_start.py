@@ -1,0 +1,34 @@
+"""``manage.py runtime_start --agent NAME --input TEXT [--metadata JSON]``: print the run id."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runtime.errors import RuntimeFault
+from runtime.operations import start_run
+
+
+class Command(BaseCommand):
+    help = "Start a run on a new thread (or --thread) and print its id."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--agent", required=True)
+        parser.add_argument("--input", required=True, help="the user's message")
+        parser.add_argument("--metadata", default="{}", help="a JSON object (may hold a script)")
+        parser.add_argument("--thread", help="start on this thread instead of a new one")
+
+    def handle(self, *args, agent, input, metadata, thread, **options):
+        try:
+            meta = json.loads(metadata)
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--metadata is not JSON: {exc}") from exc
+        if not isinstance(meta, dict):
+            raise CommandError("--metadata must be a JSON object")
+        try:
+            run_id = start_run(agent=agent, input=input, metadata=meta, thread_id=thread,
+                               actor="cli")
+        except RuntimeFault as exc:
+            raise CommandError(f"{exc.code}: {exc.message} {exc.detail or ''}") from exc
+        self.stdout.write(run_id)

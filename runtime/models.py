@@ -1,0 +1,236 @@
+"""The commit log and its projections in the ORM.
+
+ThreadCommit rows are the authority: append-only, sequence unique per thread. Thread, Run,
+ToolCallRecord, Ticket, MessageRecord and ReconciliationRecord are projections written by the
+coordinator in the same transaction; folding the log must reproduce them (``runtime_fsck``).
+Leases, stream checkpoints, idempotency records and late evidence are operational rows, never
+thread truth.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Thread(models.Model):
+    id = models.CharField(primary_key=True, max_length=32, default=new_id, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    version = models.PositiveBigIntegerField(default=0)  # sequence of the last commit
+    active_run = models.ForeignKey(
+        "Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    metadata = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"thread {self.id}"
+
+
+class RunQuerySet(models.QuerySet["Run"]):
+    def runnable(self, now) -> RunQuerySet:
+        """Running runs whose lease is free or expired, oldest commit first."""
+        return self.filter(state="running").filter(
+            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+        )
+
+
+class Run(models.Model):
+    id = models.CharField(primary_key=True, max_length=32, default=new_id, editable=False)
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="runs")
+    agent = models.CharField(max_length=100)
+    state = models.CharField(max_length=16, default="running")
+    end_cause = models.CharField(max_length=16, null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    version = models.PositiveBigIntegerField(default=0)  # sequence of its last commit
+    step = models.PositiveIntegerField(default=0)
+    snapshot = models.JSONField(default=dict)  # the folded RunView
+    metadata = models.JSONField(default=dict, blank=True)
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    committed_at = models.DateTimeField(null=True, blank=True)  # time of its last commit
+    # Operational: the lease of the worker that owns the run now.
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_epoch = models.PositiveIntegerField(default=0)
+    claims = models.PositiveIntegerField(default=0)  # claims since the last commit (poison)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["state", "-created_at"], name="run_state_recent"),
+            models.Index(fields=["-created_at", "-id"], name="run_recent"),
+            models.Index(fields=["agent", "-created_at"], name="run_agent_recent"),
+            models.Index(fields=["end_cause", "-created_at"], name="run_cause_recent"),
+            models.Index(fields=["state", "lease_expires_at"], name="run_runnable"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.id} ({self.state})"
+
+
+class ThreadCommit(models.Model):
+    """One validated write: a RunDisposition with messages and events."""
+
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="commits")
+    seq = models.PositiveBigIntegerField()
+    run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.CASCADE, related_name="commits"
+    )
+    disposition = models.JSONField(null=True, blank=True)
+    messages = models.JSONField(default=list)
+    events = models.JSONField(default=list)
+    actor = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["thread", "seq"], name="commit_seq_unique_per_thread")
+        ]
+        indexes = [models.Index(fields=["run", "seq"], name="commit_run_seq")]
+
+    def __str__(self) -> str:
+        return f"commit {self.thread_id}#{self.seq}"
+
+
+class MessageRecord(models.Model):
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="messages")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="messages")
+    seq = models.PositiveBigIntegerField()  # the commit that carried it
+    idx = models.PositiveIntegerField()  # order within that commit
+    role = models.CharField(max_length=16)
+    content = models.TextField(blank=True, default="")
+    tool_calls = models.JSONField(default=list, blank=True)
+    tool_call_id = models.CharField(max_length=200, null=True, blank=True)
+    name = models.CharField(max_length=200, null=True, blank=True)
+    meta = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["thread", "seq", "idx"]
+        constraints = [
+            models.UniqueConstraint(fields=["thread", "seq", "idx"], name="message_order_unique")
+        ]
+
+
+class ToolCallRecord(models.Model):
+    id = models.CharField(primary_key=True, max_length=32)  # the call id
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="calls")
+    step = models.PositiveIntegerField()
+    index = models.PositiveIntegerField()
+    tool_call_id = models.CharField(max_length=200)
+    name = models.CharField(max_length=200)
+    arguments = models.JSONField(null=True, blank=True)
+    arguments_text = models.TextField(blank=True, default="")
+    operation_id = models.CharField(max_length=100, unique=True)
+    policy = models.CharField(max_length=16)
+    permission = models.CharField(max_length=8)
+    max_attempts = models.PositiveIntegerField(default=1)
+    phase = models.CharField(max_length=16)
+    attempt = models.PositiveIntegerField(default=0)
+    approved = models.BooleanField(default=False)
+    ticket_id = models.CharField(max_length=32, null=True, blank=True)
+    result = models.TextField(null=True, blank=True)
+    is_error = models.BooleanField(default=False)
+    effect_may_have_started = models.BooleanField(default=False)
+    batch_finalized = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["run", "step", "index"]
+        indexes = [
+            models.Index(
+                fields=["phase", "-updated_at"],
+                name="call_indeterminate_started",
+                condition=Q(phase="indeterminate", effect_may_have_started=True),
+            ),
+            models.Index(fields=["phase", "-updated_at"], name="call_phase_recent"),
+        ]
+
+
+class Ticket(models.Model):
+    id = models.CharField(primary_key=True, max_length=32)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tickets")
+    call = models.ForeignKey(ToolCallRecord, on_delete=models.CASCADE, related_name="tickets")
+    kind = models.CharField(max_length=16)
+    request = models.JSONField(default=dict, blank=True)
+    schema = models.JSONField(null=True, blank=True)
+    state = models.CharField(max_length=16, default="open")  # open | consumed | void
+    created_at = models.DateTimeField(auto_now_add=True)
+    opened_seq = models.PositiveBigIntegerField()
+    closed_seq = models.PositiveBigIntegerField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    closed_by = models.CharField(max_length=200, blank=True, default="")
+    decision = models.CharField(max_length=16, blank=True, default="")
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["created_at"], name="ticket_open_oldest", condition=Q(state="open")
+            )
+        ]
+
+
+class ReconciliationRecord(models.Model):
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="reconciliations")
+    call = models.ForeignKey(
+        ToolCallRecord, on_delete=models.CASCADE, related_name="reconciliations"
+    )
+    seq = models.PositiveBigIntegerField()
+    outcome = models.CharField(max_length=16)
+    evidence = models.TextField(blank=True, default="")
+    actor = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class LateEvidence(models.Model):
+    """A tool result reported after its call was sealed: kept for reconciliation, never
+    published."""
+
+    call = models.ForeignKey(ToolCallRecord, on_delete=models.CASCADE, related_name="evidence")
+    result = models.TextField()
+    is_error = models.BooleanField(default=False)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class CommandRecord(models.Model):
+    """The first answer to an operator command sent with an idempotency key."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="command_records")
+    key = models.CharField(max_length=200)
+    request_hash = models.CharField(max_length=64)
+    response = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "key"], name="command_key_unique_per_run")
+        ]
+
+
+class StreamCheckpoint(models.Model):
+    """Best-effort partial output of an inference in progress; never thread truth."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="checkpoint")
+    step = models.PositiveIntegerField()
+    attempt = models.PositiveIntegerField(default=1)
+    text = models.TextField(blank=True, default="")
+    tool_calls = models.JSONField(default=list, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class LedgerEffect(models.Model):
+    """The demo agent's effect ledger: one row per operation id, with how often it applied."""
+
+    operation_id = models.CharField(max_length=100, unique=True)
+    key = models.CharField(max_length=200)
+    tool = models.CharField(max_length=100)
+    run_id = models.CharField(max_length=32)
+    applied = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)

@@ -1,0 +1,307 @@
+"""The Python API every surface calls to change a run: start, resume, cancel, reconcile.
+
+The console, the JSON API and the management commands call these and nothing else, so each
+rule lives once. Every write goes through the commit coordinator. A refused command raises a
+typed RuntimeFault and writes nothing. Repeats with the same idempotency key get the first
+answer and write nothing (DESIGN.md, "Repeats are answered, not re-applied").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+from django.db import transaction
+
+from runtime import conf
+from runtime.agents import get_agent
+from runtime.coordinator import commit, read_head, read_run
+from runtime.documents import run_document
+from runtime.domain.commit import CommitDraft, check_resume, end_cause_reason, ending
+from runtime.domain.events import CallResumed, ReconciliationRecorded, RunActivated
+from runtime.domain.model import (
+    Decision,
+    Disposition,
+    EndCause,
+    Message,
+    ResumeCommand,
+    RunState,
+    RunView,
+)
+from runtime.errors import (
+    IdempotencyKeyReused,
+    InvalidCommit,
+    InvalidInput,
+    NotFound,
+    ScriptRefused,
+    VersionConflict,
+)
+from runtime.models import CommandRecord, Thread, ToolCallRecord
+from runtime.providers.scripted import parse_script
+
+CONFLICT_RETRIES = 5  # a command re-reads and re-decides when a worker commits first
+
+
+def _messages_from_input(input: str | list[dict[str, Any]]) -> tuple[Message, ...]:
+    if isinstance(input, str):
+        if not input.strip():
+            raise InvalidCommit("the input is empty")
+        return (Message(role="user", content=input),)
+    messages = []
+    for item in input:
+        role, content = item.get("role", "user"), item.get("content")
+        if role not in ("user", "system") or not isinstance(content, str):
+            raise InvalidCommit("input messages are {role: user|system, content: text}")
+        messages.append(Message(role=role, content=content))
+    if not messages:
+        raise InvalidCommit("the input has no messages")
+    return tuple(messages)
+
+
+def start_run(
+    *,
+    agent: str,
+    input: str | list[dict[str, Any]],
+    metadata: dict[str, Any] | None = None,
+    thread_id: str | None = None,
+    actor: str = "",
+) -> str:
+    """Start a run of ``agent`` on a new thread, or on ``thread_id``; return the run id.
+
+    ``metadata["script"]`` (a scripted model script) is accepted only when scripted runs are
+    enabled. Raises UnknownAgent (with the known names), ScriptRefused, InvalidCommit for
+    empty or malformed input, NotFound for an unknown thread, RunAlreadyActive when the
+    thread has a run that has not ended.
+    """
+    get_agent(agent)
+    metadata = dict(metadata or {})
+    if "script" in metadata:
+        if not conf.allow_scripted():
+            raise ScriptRefused("scripted runs are disabled (RUNTIME_ALLOW_SCRIPTED)")
+        parse_script(metadata["script"])
+    messages = _messages_from_input(input)
+    run_id = uuid.uuid4().hex
+    with transaction.atomic():
+        if thread_id is None:
+            thread_id = Thread.objects.create().id
+        head = read_head(thread_id)
+        commit(
+            CommitDraft(
+                thread_id=thread_id,
+                run_id=run_id,
+                expected_version=head.version,
+                disposition=Disposition.running(),
+                messages=messages,
+                events=(RunActivated(run_id=run_id, agent=agent, metadata=metadata),),
+                actor=actor,
+            )
+        )
+    return run_id
+
+
+def _committed_run(run_id: str) -> RunView:
+    run = read_run(run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    return run
+
+
+def _request_hash(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _answered(
+    run_id: str,
+    key: str | None,
+    payload: dict[str, Any],
+    act: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
+    """Run ``act`` once per idempotency key; a repeat with the same payload gets its answer."""
+    if key is None:
+        return act()
+    digest = _request_hash(payload)
+    with transaction.atomic():
+        record = CommandRecord.objects.filter(run_id=run_id, key=key).first()
+        if record is not None:
+            if record.request_hash != digest:
+                raise IdempotencyKeyReused(key=key)
+            return record.response
+        response = act()
+        CommandRecord.objects.create(
+            run_id=run_id, key=key, request_hash=digest, response=response
+        )
+        return response
+
+
+def _commit_retrying(run_id: str, build: Callable[[RunView], CommitDraft | None]) -> None:
+    """Re-read the committed run and rebuild the draft when a worker commits first."""
+    for attempt in range(CONFLICT_RETRIES):
+        run = _committed_run(run_id)
+        draft = build(run)
+        if draft is None:
+            return
+        try:
+            commit(draft)
+            return
+        except VersionConflict:
+            if attempt == CONFLICT_RETRIES - 1:
+                raise
+
+
+def resume(
+    run_id: str,
+    command: ResumeCommand,
+    *,
+    actor: str = "",
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """Answer the run's open ticket; return the run document after the commit.
+
+    Raises RunEnded, NotAwaiting, TicketConsumed, TicketMismatch, KindMismatch (the
+    committed ticket decides, seed: "call at Awaiting"), InvalidInput when an input answer
+    fails the ticket's JSON schema, IdempotencyKeyReused. Nothing is written on refusal.
+    """
+    payload = {
+        "ticket_id": command.ticket_id,
+        "kind": command.kind.value,
+        "decision": command.decision.value,
+        "input": command.input,
+        "reason": command.reason,
+    }
+
+    def build(run: RunView) -> CommitDraft:
+        check_resume(run, command)
+        assert run.ticket is not None
+        if command.decision is Decision.INPUT and run.ticket.schema is not None:
+            try:
+                jsonschema.validate(command.input, run.ticket.schema)
+            except jsonschema.ValidationError as exc:
+                raise InvalidInput(
+                    f"input does not match the ticket's schema: {exc.message}",
+                    path=list(exc.absolute_path),
+                ) from exc
+            except jsonschema.SchemaError as exc:
+                raise InvalidInput(f"the ticket's schema is invalid: {exc.message}") from exc
+        event = CallResumed(
+            call_id=run.ticket.call_id,
+            ticket_id=run.ticket.id,
+            decision=command.decision,
+            input=command.input,
+            reason=command.reason,
+        )
+        return CommitDraft(
+            thread_id=run.thread_id,
+            run_id=run.run_id,
+            expected_version=read_head(run.thread_id).version,
+            disposition=Disposition.running(),
+            events=(event,),
+            actor=actor,
+        )
+
+    def act() -> dict[str, Any]:
+        _commit_retrying(run_id, build)
+        return run_document(run_id)
+
+    return _answered(run_id, idempotency_key, payload, act)
+
+
+def end_run(
+    run_id: str,
+    cause: EndCause,
+    *,
+    actor: str = "",
+    reason: str = "",
+    error: dict[str, Any] | None = None,
+) -> None:
+    """Commit Ended(cause), sealing open calls as Indeterminate; an ended run is left as is."""
+
+    def build(run: RunView) -> CommitDraft | None:
+        if run.state is RunState.ENDED:
+            return None
+        events, messages = ending(run, reason or end_cause_reason(cause))
+        detail = error if error is not None else ({"reason": reason} if reason else None)
+        return CommitDraft(
+            thread_id=run.thread_id,
+            run_id=run.run_id,
+            expected_version=read_head(run.thread_id).version,
+            disposition=Disposition.ended(cause, detail),
+            messages=messages,
+            events=events,
+            actor=actor,
+        )
+
+    _commit_retrying(run_id, build)
+
+
+def cancel(
+    run_id: str,
+    *,
+    actor: str = "",
+    reason: str = "",
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """Cancel a run; return its terminus (the run document).
+
+    One commit to Ended(cancelled) seals every open call; a run already ended gets the same
+    terminus back and nothing is written. Raises NotFound for an unknown run.
+    """
+
+    def act() -> dict[str, Any]:
+        end_run(run_id, EndCause.CANCELLED, actor=actor, reason=reason)
+        return run_document(run_id)
+
+    return _answered(run_id, idempotency_key, {"cancel": reason}, act)
+
+
+def reconcile(
+    call_id: str,
+    *,
+    outcome: str,
+    evidence: str = "",
+    actor: str = "",
+    follow_up_agent: str | None = None,
+) -> dict[str, Any]:
+    """Record what the downstream system says of an Indeterminate call, as a thread note.
+
+    ``outcome`` is "applied", "not_applied" or "unknown". Nothing is reopened; with
+    ``follow_up_agent`` a new run starts on the thread with the outcome as its input (when the
+    thread has no active run). Returns {"call_id", "outcome", "seq", "follow_up_run_id"}.
+    Raises NotFound or InvalidCommit (not Indeterminate, unknown outcome).
+    """
+    call = ToolCallRecord.objects.select_related("run").filter(id=call_id).first()
+    if call is None:
+        raise NotFound(f"tool call {call_id} does not exist")
+    thread_id = call.run.thread_id
+    event = ReconciliationRecorded(
+        run_id=call.run_id, call_id=call_id, outcome=outcome, evidence=evidence
+    )
+    for attempt in range(CONFLICT_RETRIES):
+        try:
+            done = commit(
+                CommitDraft(
+                    thread_id=thread_id,
+                    run_id=None,
+                    expected_version=read_head(thread_id).version,
+                    disposition=None,
+                    events=(event,),
+                    actor=actor,
+                )
+            )
+            break
+        except VersionConflict:
+            if attempt == CONFLICT_RETRIES - 1:
+                raise
+    follow_up = None
+    if follow_up_agent:
+        text = (
+            f"Operator reconciliation of tool call {call.name} (operation id "
+            f"{call.operation_id}): outcome {outcome}. Evidence: {evidence or 'none given'}."
+        )
+        follow_up = start_run(
+            agent=follow_up_agent, input=text, thread_id=thread_id, actor=actor
+        )
+    return {"call_id": call_id, "outcome": outcome, "seq": done.seq, "follow_up_run_id": follow_up}

@@ -1,0 +1,139 @@
+"""A scripted model: replays a JSON script of responses given per run, with no network.
+
+Script shape (DESIGN.md "Contracts"): ``{"steps": [step, ...]}`` where a step is
+``{"text": "...", "chunks": N, "delay_ms": M}``, ``{"tool_calls": [{"name", "arguments"}], "text"?}``
+or ``{"error": "retryable" | "fatal", "times": N}``. An error step makes the *next* response
+fail that many attempts first (a fatal one fails for good). When the script runs out the model
+answers ``FINAL_TEXT``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from runtime.errors import ScriptRefused
+from runtime.providers.base import (
+    Delta,
+    InferenceContext,
+    InferenceRequest,
+    InferenceResult,
+    ModelError,
+    ToolCallOut,
+)
+
+FINAL_TEXT = "The scripted model has nothing more to say."
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScriptedToolCall(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class TextStep(_Strict):
+    text: str
+    chunks: Annotated[int, Field(ge=1, le=10_000)] = 1
+    delay_ms: Annotated[int, Field(ge=0, le=60_000)] = 0
+
+
+class ToolCallsStep(_Strict):
+    tool_calls: Annotated[list[ScriptedToolCall], Field(min_length=1, max_length=64)]
+    text: str = ""
+    chunks: Annotated[int, Field(ge=1, le=10_000)] = 1
+    delay_ms: Annotated[int, Field(ge=0, le=60_000)] = 0
+
+
+class ErrorStep(_Strict):
+    error: Literal["retryable", "fatal"]
+    times: Annotated[int, Field(ge=1, le=100)] = 1
+
+
+class Script(_Strict):
+    steps: Annotated[list[TextStep | ToolCallsStep | ErrorStep], Field(max_length=1000)]
+
+
+_SCRIPT = TypeAdapter(Script)
+
+
+def parse_script(data: Any) -> Script:
+    """Validate a script; raise ScriptRefused with the reasons."""
+    try:
+        return _SCRIPT.validate_python(data)
+    except ValidationError as exc:
+        raise ScriptRefused(f"the script is malformed: {exc.errors(include_url=False)}") from exc
+
+
+def _responses(script: Script) -> list[tuple[list[ErrorStep], TextStep | ToolCallsStep]]:
+    out, pending = [], []
+    for step in script.steps:
+        if isinstance(step, ErrorStep):
+            pending.append(step)
+        else:
+            out.append((pending, step))
+            pending = []
+    if pending:
+        out.append((pending, TextStep(text=FINAL_TEXT)))
+    return out
+
+
+def _split(text: str, parts: int) -> list[str]:
+    size = max(1, -(-len(text) // parts)) if text else 1
+    return [text[i : i + size] for i in range(0, len(text), size)] or []
+
+
+class ScriptedProvider:
+    name = "scripted"
+
+    def __init__(self, script: Script) -> None:
+        self.responses = _responses(script)
+
+    def infer(self, request: InferenceRequest, ctx: InferenceContext) -> InferenceResult:
+        if ctx.step > len(self.responses):
+            return self._stream(TextStep(text=FINAL_TEXT), ctx)
+        errors, response = self.responses[ctx.step - 1]
+        failed = 0
+        for error in errors:
+            if error.error == "fatal":
+                raise ModelError("scripted fatal error", provider=self.name, retryable=False)
+            failed += error.times
+            if ctx.attempt <= failed:
+                raise ModelError(
+                    f"scripted retryable error (attempt {ctx.attempt} of {failed} failing)",
+                    provider=self.name,
+                    retryable=True,
+                )
+        return self._stream(response, ctx)
+
+    def _stream(self, step: TextStep | ToolCallsStep, ctx: InferenceContext) -> InferenceResult:
+        pause = step.delay_ms / 1000
+        for piece in _split(step.text, step.chunks):
+            ctx.on_delta(Delta(kind="text", text=piece))
+            if pause:
+                time.sleep(pause)
+        calls = []
+        for index, call in enumerate(getattr(step, "tool_calls", [])):
+            arguments = (
+                call.arguments
+                if isinstance(call.arguments, str)
+                else json.dumps(call.arguments, sort_keys=True)
+            )
+            call_id = f"call_{ctx.step}_{index}"
+            ctx.on_delta(Delta(kind="tool_call", index=index, name=call.name, call_id=call_id))
+            for piece in _split(arguments, step.chunks):
+                ctx.on_delta(Delta(kind="tool_call", index=index, text=piece))
+                if pause:
+                    time.sleep(pause)
+            calls.append(ToolCallOut(id=call_id, name=call.name, arguments=arguments))
+        return InferenceResult(
+            text=step.text,
+            tool_calls=tuple(calls),
+            finish_reason="tool_calls" if calls else "stop",
+            usage={"input_tokens": 0, "output_tokens": len(step.text.split())},
+        )

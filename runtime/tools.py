@@ -1,0 +1,132 @@
+"""Tools: a declared name, argument schema, recovery policy and default permission.
+
+Arguments are validated with pydantic before execution (from the function's type hints);
+invalid arguments become an error result for the model, never a crash. The policy, permission
+and attempt budget in force when a batch is committed are pinned into each call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ConfigDict, ValidationError, create_model
+
+from runtime.domain.model import Permission, RecoveryPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool knows of its call: pass ``operation_id`` downstream to deduplicate."""
+
+    run_id: str
+    call_id: str
+    operation_id: str
+    attempt: int
+    worker_id: str
+
+
+class ToolError(Exception):
+    """The tool failed without effect; the message becomes an error result for the model."""
+
+
+class ToolArgumentsError(ToolError):
+    """The model's arguments do not match the tool's schema."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputWait:
+    """Declares that a tool asks a person for input: its ticket's request and JSON schema."""
+
+    build: Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool an agent may call.
+
+    ``fn(ctx, **arguments)`` returns any JSON-encodable value (a str is published as is).
+    ``lookup(ctx)`` (reconnect tools) returns the earlier result for ``ctx.operation_id``, or
+    None when the downstream system never saw it. ``input_wait`` makes the call open an input
+    ticket instead of running ``fn``.
+    """
+
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    arguments_model: Any
+    policy: RecoveryPolicy = RecoveryPolicy.INDETERMINATE
+    permission: Permission = Permission.ALLOW
+    max_attempts: int = 1
+    lookup: Callable[[ToolContext], Any] | None = None
+    input_wait: InputWait | None = None
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The arguments' JSON schema, as providers send it to the model."""
+        schema = self.arguments_model.model_json_schema()
+        schema.pop("title", None)
+        return schema
+
+    def parse(self, arguments_text: str) -> dict[str, Any]:
+        """Parse and validate the model's raw argument text; raise ToolArgumentsError."""
+        try:
+            raw = json.loads(arguments_text or "{}")
+        except json.JSONDecodeError as exc:
+            raise ToolArgumentsError(f"arguments are not valid JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ToolArgumentsError("arguments must be a JSON object")
+        try:
+            return self.arguments_model.model_validate(raw).model_dump(mode="json")
+        except ValidationError as exc:
+            errors = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ToolArgumentsError(f"invalid arguments for {self.name}: {errors}") from exc
+
+    def run(self, ctx: ToolContext, arguments: dict[str, Any]) -> str:
+        """Execute the tool; return the result text published to the model."""
+        value = self.fn(ctx, **arguments)
+        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def tool(
+    *,
+    policy: RecoveryPolicy,
+    permission: Permission = Permission.ALLOW,
+    max_attempts: int = 1,
+    lookup: Callable[[ToolContext], Any] | None = None,
+    input_wait: InputWait | None = None,
+    name: str | None = None,
+) -> Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool from a function ``fn(ctx: ToolContext, **typed_arguments)``.
+
+    The arguments' schema comes from the type hints after ``ctx``; the description from the
+    docstring. Extra arguments from the model are refused.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Tool:
+        params = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
+        fields = {
+            p.name: (p.annotation, ... if p.default is inspect.Parameter.empty else p.default)
+            for p in params
+        }
+        model = create_model(
+            f"{fn.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        return Tool(
+            name=name or fn.__name__,
+            description=inspect.cleandoc(fn.__doc__ or ""),
+            fn=fn,
+            arguments_model=model,
+            policy=policy,
+            permission=permission,
+            max_attempts=max_attempts,
+            lookup=lookup,
+            input_wait=input_wait,
+        )
+
+    return decorate

@@ -1,0 +1,149 @@
+"""The environment helpers in console.settings: pure tests, no database."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from console.settings import VAR_DIR, env_bool, env_database, env_list
+
+VAR = "RUNTIME_TEST_SETTINGS_VAR"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(VAR, raising=False)
+
+
+# --- env_bool ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("default", [True, False])
+def test_env_bool_unset_or_empty_gives_default(monkeypatch, default):
+    assert env_bool(VAR, default) is default
+    monkeypatch.setenv(VAR, "")
+    assert env_bool(VAR, default) is default
+
+
+@pytest.mark.parametrize("raw", ["1", "true", "TRUE", "True", "yes", "Yes", "on", "ON", " true "])
+def test_env_bool_true_values(monkeypatch, raw):
+    monkeypatch.setenv(VAR, raw)
+    assert env_bool(VAR, False) is True
+
+
+@pytest.mark.parametrize("raw", ["0", "false", "FALSE", "no", "No", "off", "OFF", " off\n"])
+def test_env_bool_false_values(monkeypatch, raw):
+    monkeypatch.setenv(VAR, raw)
+    assert env_bool(VAR, True) is False
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2", "y", "n", "enabled", "tru", " "])
+def test_env_bool_rejects_other_values_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv(VAR, raw)
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        env_bool(VAR, True)
+    assert VAR in str(excinfo.value)
+    assert repr(raw) in str(excinfo.value)
+
+
+# --- env_list ------------------------------------------------------------------------------
+
+
+def test_env_list_unset_gives_default():
+    default = ["localhost", "127.0.0.1"]
+    assert env_list(VAR, default) == default
+
+
+def test_env_list_empty_gives_empty_list(monkeypatch):
+    monkeypatch.setenv(VAR, "")
+    assert env_list(VAR, ["x"]) == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("a", ["a"]),
+        ("a,b", ["a", "b"]),
+        (" a , b ,c ", ["a", "b", "c"]),
+        ("a,,b,", ["a", "b"]),
+        (" , ,", []),
+        ("https://x.example:8443,http://y", ["https://x.example:8443", "http://y"]),
+    ],
+)
+def test_env_list_splits_strips_and_drops_blanks(monkeypatch, raw, expected):
+    monkeypatch.setenv(VAR, raw)
+    assert env_list(VAR, ["default"]) == expected
+
+
+# --- env_database --------------------------------------------------------------------------
+
+
+def test_env_database_sqlite_default_options(tmp_path):
+    path = tmp_path / "db.sqlite3"
+    config = env_database(VAR, f"sqlite:///{path}")
+    assert config["ENGINE"] == "django.db.backends.sqlite3"
+    assert config["NAME"] == str(path)
+    options = config["OPTIONS"]
+    assert options["transaction_mode"] == "IMMEDIATE"
+    assert options["timeout"] == 30
+    assert "journal_mode=WAL" in options["init_command"]
+    # Worker subprocesses in tests cannot share an in-memory database: the test DB is a file.
+    assert config["TEST"]["NAME"] == str(VAR_DIR / "test.sqlite3")
+    assert config["CONN_MAX_AGE"] == 0
+
+
+def test_env_database_empty_variable_uses_default(monkeypatch, tmp_path):
+    monkeypatch.setenv(VAR, "")
+    config = env_database(VAR, f"sqlite:///{tmp_path / 'd.sqlite3'}")
+    assert config["ENGINE"] == "django.db.backends.sqlite3"
+    assert config["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
+
+
+def test_env_database_variable_overrides_default(monkeypatch, tmp_path):
+    monkeypatch.setenv(VAR, f"sqlite:///{tmp_path / 'from-env.sqlite3'}")
+    config = env_database(VAR, f"sqlite:///{tmp_path / 'default.sqlite3'}")
+    assert config["NAME"] == str(tmp_path / "from-env.sqlite3")
+
+
+@pytest.mark.parametrize("scheme", ["postgres", "postgresql", "pgsql"])
+def test_env_database_postgres(monkeypatch, scheme):
+    monkeypatch.setenv(VAR, f"{scheme}://alice:s%40cret@db.internal:6543/runtime")
+    config = env_database(VAR, "sqlite:///unused.sqlite3")
+    assert config["ENGINE"] == "django.db.backends.postgresql"
+    assert config["NAME"] == "runtime"
+    assert config["USER"] == "alice"
+    assert config["PASSWORD"] == "s@cret"
+    assert config["HOST"] == "db.internal"
+    assert config["PORT"] == 6543
+    assert config["CONN_MAX_AGE"] == 0
+    # The SQLite-only options never leak into a PostgreSQL configuration.
+    assert "transaction_mode" not in config.get("OPTIONS", {})
+    assert "TEST" not in config
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql://user@localhost/runtime",  # parsed fine, but not a supported engine
+        "oracle://user@localhost/runtime",
+        "nonsense://x",  # unknown scheme
+        "not a url",
+        "postgres://user@localhost:notaport/runtime",  # unparsable
+    ],
+)
+def test_env_database_rejects_bad_values_naming_the_variable(monkeypatch, url):
+    monkeypatch.setenv(VAR, url)
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        env_database(VAR, "sqlite:///unused.sqlite3")
+    assert VAR in str(excinfo.value)
+
+
+# --- the settings module as pytest-django loads it ------------------------------------------
+
+
+def test_pytest_django_loads_console_settings(settings):
+    assert settings.ROOT_URLCONF == "console.urls"
+    assert settings.DATABASES["default"]["ENGINE"] in {
+        "django.db.backends.sqlite3",
+        "django.db.backends.postgresql",
+    }
