@@ -181,9 +181,7 @@ def _write_run(
         "committed_at": now,
         "claims": 0,
     }
-    if run.state is not RunState.RUNNING:
-        fields.update(lease_owner=None, lease_expires_at=None)
-    elif lease is not None:
+    if lease is not None:  # a commit is also a heartbeat; the owner releases when it is done
         fields["lease_expires_at"] = now + lease.ttl
     if before is None:
         activation = draft.events[0]

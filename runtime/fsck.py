@@ -13,7 +13,7 @@ Operational rows (leases, checkpoints, idempotency records, late evidence) are n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -59,7 +59,7 @@ class Violation:
 
 
 def check(thread_id: str | None = None) -> list[Violation]:
-    """Check one thread (``thread_id``) or every thread, oldest id first.
+    """Check one thread (``thread_id``) or every thread, in id order.
 
     Returns every Violation found (empty when the log and the projections agree). Raises
     NotFound when ``thread_id`` names no thread.
@@ -90,6 +90,12 @@ def check_thread(thread_id: str) -> list[Violation]:
     _compare_messages(found, folded)
     _compare_reconciliations(found, folded)
     return found.violations
+
+
+def read_log(thread_id: str) -> list[tuple[int, CommitDraft]]:
+    """The thread's log as ``(sequence, CommitDraft)`` pairs, oldest first, ready for
+    ``fold``. Raises InvalidCommit for a row that does not decode."""
+    return list(_Log(thread_id).drafts())
 
 
 def _describe(exc: BaseException) -> str:
@@ -194,7 +200,9 @@ class _Findings:
     def add(self, seq: int, what: str) -> None:
         self.violations.append(Violation(self.thread_id, seq, what))
 
-    def differ(self, seq: int, subject: str, actual: dict, expected: dict) -> None:
+    def differ(
+        self, seq: int, subject: str, actual: Mapping[str, object], expected: dict[str, Any]
+    ) -> None:
         """Report each field of ``actual`` that is not what the log says."""
         for name, want in expected.items():
             have = actual.get(name)
@@ -202,7 +210,7 @@ class _Findings:
                 self.add(seq, f"{subject}: {name} is {have!r}, the log says {want!r}")
 
 
-def _compare_thread(found: _Findings, row: dict, folded: FoldedThread) -> None:
+def _compare_thread(found: _Findings, row: Mapping[str, Any], folded: FoldedThread) -> None:
     head = folded.head
     found.differ(
         head.version,
@@ -216,8 +224,16 @@ def _compare_runs(found: _Findings, folded: FoldedThread, log: _Log) -> None:
     rows = {
         r["id"]: r
         for r in Run.objects.filter(thread_id=found.thread_id).values(
-            "id", "agent", "state", "end_cause", "error", "version", "step", "snapshot",
-            "metadata", "created_by",
+            "id",
+            "agent",
+            "state",
+            "end_cause",
+            "error",
+            "version",
+            "step",
+            "snapshot",
+            "metadata",
+            "created_by",
         )
     }
     for run_id, view in folded.runs.items():
@@ -240,7 +256,8 @@ def _compare_runs(found: _Findings, folded: FoldedThread, log: _Log) -> None:
         snapshot = codec.dump_run(view)
         if row["snapshot"] != snapshot:
             keys = sorted(
-                k for k in set(snapshot) | set(row["snapshot"] or {})
+                k
+                for k in set(snapshot) | set(row["snapshot"] or {})
                 if (row["snapshot"] or {}).get(k) != snapshot.get(k)
             )
             found.add(view.version, f"run {run_id}: snapshot differs from the fold at {keys}")
@@ -278,9 +295,26 @@ def _call_fields(run: RunView, batch: ToolBatch, call: ToolCall) -> dict[str, An
 
 
 CALL_FIELDS = (
-    "id", "run_id", "step", "index", "tool_call_id", "name", "arguments", "arguments_text",
-    "operation_id", "policy", "permission", "max_attempts", "phase", "attempt", "approved",
-    "ticket_id", "result", "is_error", "effect_may_have_started", "batch_finalized",
+    "id",
+    "run_id",
+    "step",
+    "index",
+    "tool_call_id",
+    "name",
+    "arguments",
+    "arguments_text",
+    "operation_id",
+    "policy",
+    "permission",
+    "max_attempts",
+    "phase",
+    "attempt",
+    "approved",
+    "ticket_id",
+    "result",
+    "is_error",
+    "effect_may_have_started",
+    "batch_finalized",
 )
 
 
@@ -314,8 +348,17 @@ def _compare_tickets(found: _Findings, folded: FoldedThread, log: _Log) -> None:
     rows = {
         r["id"]: r
         for r in Ticket.objects.filter(run__thread_id=found.thread_id).values(
-            "id", "run_id", "call_id", "kind", "request", "schema", "state", "opened_seq",
-            "closed_seq", "decision", "closed_by",
+            "id",
+            "run_id",
+            "call_id",
+            "kind",
+            "request",
+            "schema",
+            "state",
+            "opened_seq",
+            "closed_seq",
+            "decision",
+            "closed_by",
         )
     }
     current = {run.ticket.id: run for run in folded.runs.values() if run.ticket is not None}
@@ -355,7 +398,14 @@ def _compare_messages(found: _Findings, folded: FoldedThread) -> None:
     rows = {
         (r["seq"], r["idx"]): r
         for r in MessageRecord.objects.filter(thread_id=found.thread_id).values(
-            "seq", "idx", "run_id", "role", "content", "tool_calls", "tool_call_id", "name",
+            "seq",
+            "idx",
+            "run_id",
+            "role",
+            "content",
+            "tool_calls",
+            "tool_call_id",
+            "name",
             "meta",
         )
     }

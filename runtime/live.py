@@ -7,6 +7,7 @@ commit, for the runs list). Message types: ``run.delta`` and ``run.commit``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -18,6 +19,7 @@ from runtime.signals import CommitNotice
 log = logging.getLogger("runtime.live")
 
 ALL_RUNS_GROUP = "live_runs"
+_pending: set[asyncio.Task] = set()  # keeps fire-and-forget sends alive until they finish
 
 
 def run_group(run_id: str) -> str:
@@ -29,7 +31,16 @@ def _send(group: str, message: dict[str, Any]) -> None:
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send)(group, message)
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    try:
+        if loop is None:
+            async_to_sync(layer.group_send)(group, message)
+        else:  # called from code already on an event loop: send without blocking it
+            task = loop.create_task(layer.group_send(group, message))
+            _pending.add(task)
+            task.add_done_callback(_pending.discard)
     except Exception:  # the live stream is best-effort by design
         log.warning("live send to %s failed", group, exc_info=True)
 

@@ -49,7 +49,7 @@ from runtime.domain.model import (
     TicketKind,
     ToolCall,
 )
-from runtime.errors import LeaseLost, RunEnded, VersionConflict
+from runtime.errors import LeaseLost, RunEnded, UnknownAgent, VersionConflict
 from runtime.hooks import call_hooks
 from runtime.models import LateEvidence, MessageRecord, Run, StreamCheckpoint
 from runtime.providers import build_provider
@@ -137,7 +137,12 @@ class RunDriver:
         operator's command landed first) makes it reload and decide again.
         """
         run = self.reload()
-        agent = get_agent(run.agent)
+        try:
+            agent = get_agent(run.agent)
+        except UnknownAgent as exc:  # the deployment lost the agent: fail, do not loop
+            if run.state is RunState.RUNNING:
+                self.end(EndCause.FAILED, {"type": exc.code, "message": exc.message})
+            return
         while not self.should_stop():
             action = rec.next_action(run, agent.step_limit)
             if isinstance(action, rec.Idle):
@@ -213,6 +218,10 @@ class RunDriver:
             log.warning("run %s: inference failed for good: %s", self.run_id, exc)
             self.end(EndCause.FAILED, exc.as_error())
             return
+        finally:
+            close = getattr(provider, "close", None)
+            if close is not None:
+                close()
         call_hooks(agent.plugins, "after_inference", run, result)
         # A text-only answer ends the run unless a StepEnd hook asks for another step.
         proceed = any(call_hooks(agent.plugins, "step_end", run, result))

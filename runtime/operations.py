@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jsonschema
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from runtime import conf
 from runtime.agents import get_agent
@@ -37,6 +37,7 @@ from runtime.errors import (
     InvalidCommit,
     InvalidInput,
     NotFound,
+    RuntimeFault,
     ScriptRefused,
     VersionConflict,
 )
@@ -103,6 +104,11 @@ def start_run(
     return run_id
 
 
+def create_thread(*, metadata: dict[str, Any] | None = None) -> str:
+    """Create an empty thread (no commit yet: its version is 0); return its id."""
+    return Thread.objects.create(metadata=dict(metadata or {})).id
+
+
 def _committed_run(run_id: str) -> RunView:
     run = read_run(run_id)
     if run is None:
@@ -120,20 +126,37 @@ def _answered(
     payload: dict[str, Any],
     act: Callable[[], dict[str, Any]],
 ) -> dict[str, Any]:
-    """Run ``act`` once per idempotency key; a repeat with the same payload gets its answer."""
+    """Run ``act`` once per idempotency key; a repeat with the same payload gets its answer.
+
+    A twin sent at the same time (PostgreSQL) waits on the first one's commit, then finds
+    its run changed (a consumed ticket, an ended run) or its key taken: it answers with the
+    first one's record instead of that refusal.
+    """
     if key is None:
         return act()
     digest = _request_hash(payload)
-    with transaction.atomic():
+
+    def first_answer() -> dict[str, Any] | None:
         record = CommandRecord.objects.filter(run_id=run_id, key=key).first()
-        if record is not None:
-            if record.request_hash != digest:
-                raise IdempotencyKeyReused(key=key)
-            return record.response
-        response = act()
-        CommandRecord.objects.create(
-            run_id=run_id, key=key, request_hash=digest, response=response
-        )
+        if record is not None and record.request_hash != digest:
+            raise IdempotencyKeyReused(key=key)
+        return record.response if record is not None else None
+
+    with transaction.atomic():
+        answer = first_answer()
+        if answer is not None:
+            return answer
+        try:
+            response = act()
+            with transaction.atomic():  # a savepoint: the twin may hold the key by now
+                CommandRecord.objects.create(
+                    run_id=run_id, key=key, request_hash=digest, response=response
+                )
+        except (RuntimeFault, IntegrityError):
+            answer = first_answer()  # read committed: sees the twin's record once it commits
+            if answer is None:
+                raise
+            return answer
         return response
 
 
@@ -270,7 +293,8 @@ def reconcile(
     ``outcome`` is "applied", "not_applied" or "unknown". Nothing is reopened; with
     ``follow_up_agent`` a new run starts on the thread with the outcome as its input (when the
     thread has no active run). Returns {"call_id", "outcome", "seq", "follow_up_run_id"}.
-    Raises NotFound or InvalidCommit (not Indeterminate, unknown outcome).
+    Raises NotFound, InvalidCommit (not Indeterminate, unknown outcome), and for the
+    follow-up UnknownAgent or RunAlreadyActive; on any refusal nothing is written.
     """
     call = ToolCallRecord.objects.select_related("run").filter(id=call_id).first()
     if call is None:
@@ -279,29 +303,25 @@ def reconcile(
     event = ReconciliationRecorded(
         run_id=call.run_id, call_id=call_id, outcome=outcome, evidence=evidence
     )
-    for attempt in range(CONFLICT_RETRIES):
-        try:
-            done = commit(
-                CommitDraft(
-                    thread_id=thread_id,
-                    run_id=None,
-                    expected_version=read_head(thread_id).version,
-                    disposition=None,
-                    events=(event,),
-                    actor=actor,
-                )
-            )
-            break
-        except VersionConflict:
-            if attempt == CONFLICT_RETRIES - 1:
-                raise
     follow_up = None
-    if follow_up_agent:
-        text = (
-            f"Operator reconciliation of tool call {call.name} (operation id "
-            f"{call.operation_id}): outcome {outcome}. Evidence: {evidence or 'none given'}."
+    # The note and the follow-up run land together or not at all.
+    with transaction.atomic():
+        done = commit(
+            CommitDraft(
+                thread_id=thread_id,
+                run_id=None,
+                expected_version=read_head(thread_id, lock=True).version,
+                disposition=None,
+                events=(event,),
+                actor=actor,
+            )
         )
-        follow_up = start_run(
-            agent=follow_up_agent, input=text, thread_id=thread_id, actor=actor
-        )
+        if follow_up_agent:
+            text = (
+                f"Operator reconciliation of tool call {call.name} (operation id "
+                f"{call.operation_id}): outcome {outcome}. Evidence: {evidence or 'none given'}."
+            )
+            follow_up = start_run(
+                agent=follow_up_agent, input=text, thread_id=thread_id, actor=actor
+            )
     return {"call_id": call_id, "outcome": outcome, "seq": done.seq, "follow_up_run_id": follow_up}

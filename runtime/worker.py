@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from django.db import close_old_connections, connection, connections, transaction
 from django.db.models import F
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from runtime import conf
@@ -74,10 +75,17 @@ def renew(lease: Lease, run_id: str) -> bool:
     )
 
 
-def release(lease: Lease, run_id: str) -> None:
-    """Give the run back (graceful stop while it is still Running)."""
+def release(lease: Lease, run_id: str, *, graceful: bool = False) -> None:
+    """Give the run back (a stop while it is still Running).
+
+    A graceful stop takes its claim back from the poison budget: the run did not kill the
+    worker, so rolling restarts never end a healthy run as poison.
+    """
+    fields = {"lease_owner": None, "lease_expires_at": None}
+    if graceful:
+        fields["claims"] = Greatest(F("claims") - 1, 0)
     Run.objects.filter(id=run_id, lease_owner=lease.worker_id, lease_epoch=lease.epoch).update(
-        lease_owner=None, lease_expires_at=None
+        **fields
     )
 
 
@@ -156,12 +164,14 @@ class Worker:
             return True
         beat = Heartbeat(taken)
         beat.start()
+        graceful = False
         try:
             drive(
                 taken.run_id,
                 lease=taken.lease,
                 should_stop=lambda: self.stopping.is_set() or beat.lost.is_set(),
             )
+            graceful = True
         except LeaseLost:
             log.warning("run %s: fenced; another worker owns it now", taken.run_id)
         except Exception:  # counted by the poison budget: the next claim starts over
@@ -169,7 +179,7 @@ class Worker:
         finally:
             beat.done.set()
             if not beat.lost.is_set():
-                release(taken.lease, taken.run_id)
+                release(taken.lease, taken.run_id, graceful=graceful)
         return True
 
     def idle(self) -> bool:

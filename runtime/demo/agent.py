@@ -4,6 +4,7 @@ recovery policy, plus an approval-gated one, an input-asking one and a slow one,
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Annotated, Any
 
@@ -97,3 +98,31 @@ demo = Agent(
     provider=ProviderConfig(kind="scripted"),
     step_limit=8,
 )
+
+
+def assistant() -> Agent:
+    """The demo tools on a real model, configured from the environment.
+
+    ``RUNTIME_MODEL_PROVIDER`` ("openai" for any OpenAI-compatible server, or "anthropic"),
+    ``RUNTIME_MODEL_BASE_URL`` (default: a local Ollama at http://127.0.0.1:11434/v1),
+    ``RUNTIME_MODEL`` (default "llama3.2"), ``RUNTIME_MODEL_API_KEY_ENV`` (the name of the
+    variable holding the key, default "OPENAI_API_KEY" or "ANTHROPIC_API_KEY") and
+    ``RUNTIME_MODEL_TIMEOUT`` (seconds, default 60).
+    """
+    kind = os.environ.get("RUNTIME_MODEL_PROVIDER", "openai")
+    default_key = "ANTHROPIC_API_KEY" if kind == "anthropic" else "OPENAI_API_KEY"
+    return Agent(
+        name="assistant",
+        description="The demo tools driven by a real model (see README, 'Real models').",
+        instructions=demo.instructions,
+        tools=demo.tools,
+        provider=ProviderConfig(
+            kind=kind,
+            model=os.environ.get("RUNTIME_MODEL", "llama3.2"),
+            base_url=os.environ.get("RUNTIME_MODEL_BASE_URL")
+            or (None if kind == "anthropic" else "http://127.0.0.1:11434/v1"),
+            api_key_env=os.environ.get("RUNTIME_MODEL_API_KEY_ENV", default_key),
+            timeout=float(os.environ.get("RUNTIME_MODEL_TIMEOUT", "60")),
+        ),
+        step_limit=12,
+    )

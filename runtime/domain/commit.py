@@ -166,6 +166,13 @@ def _open_batch(run: RunView, step: int, calls: tuple[ToolCall, ...]) -> RunView
         {c.operation_id for c in calls}
     ) != len(calls):
         raise InvalidCommit("call ids and operation ids are unique within a batch")
+    # A call id or operation id seen before would request an old call again (even one that
+    # was Executing): refuse it here rather than at the projection's unique index.
+    earlier = [c for b in run.batches for c in b.calls]
+    if {c.call_id for c in calls} & {c.call_id for c in earlier} or {
+        c.operation_id for c in calls
+    } & {c.operation_id for c in earlier}:
+        raise InvalidCommit("a call id or operation id of an earlier batch is never reused")
     return replace(run, batches=(*run.batches, ToolBatch(step=step, calls=calls)))
 
 
@@ -329,8 +336,14 @@ def apply_commit(
             raise NotFound(f"run {draft.run_id} has no committed activation")
         if run.run_id != draft.run_id or run.thread_id != head.thread_id:
             raise InvalidCommit("the run does not belong to this thread")
-        if run.state is RunState.ENDED:
-            raise RunEnded(end_cause=run.end_cause and run.end_cause.value)
+        if run.state is RunState.ENDED:  # Ended is absorbing: name the refused edge too
+            raise RunEnded(
+                end_cause=run.end_cause and run.end_cause.value,
+                machine="run",
+                from_state=RunState.ENDED.value,
+                to_state=draft.disposition.state.value if draft.disposition else "(none)",
+                why="Ended is absorbing; an ended run is never reopened",
+            )
         if head.active_run_id != run.run_id:
             raise NotActiveRun(active_run_id=head.active_run_id)
         before = run.state

@@ -1,0 +1,69 @@
+"""JSON documents the API builds from committed rows (the run document itself is
+``runtime.documents.run_document``, shared with the CLI)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.documents import run_document
+from runtime.models import Run, ThreadCommit
+
+
+def with_active_batch(document: dict[str, Any]) -> dict[str, Any]:
+    """Add ``active_batch``: the run's open batch, or None once it is finalized."""
+    last = document["batches"][-1] if document["batches"] else None
+    return {**document, "active_batch": last if last and not last["finalized"] else None}
+
+
+def run_out(run_id: str) -> dict[str, Any]:
+    """The run document of ``run_id`` with its active batch; raises NotFound."""
+    return with_active_batch(run_document(run_id))
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "thread_id": run.thread_id,
+        "agent": run.agent,
+        "state": run.state,
+        "end_cause": run.end_cause,
+        "version": run.version,
+        "step": run.step,
+        "created_by": run.created_by,
+        "created_at": run.created_at.isoformat(),
+        "committed_at": run.committed_at.isoformat() if run.committed_at else None,
+    }
+
+
+SUMMARY_FIELDS = (
+    "id",
+    "thread_id",
+    "agent",
+    "state",
+    "end_cause",
+    "version",
+    "step",
+    "created_by",
+    "created_at",
+    "committed_at",
+)
+
+
+def commit_document(commit: ThreadCommit) -> dict[str, Any]:
+    """One log entry: its sequence, disposition, messages and events, as committed."""
+    return {
+        "seq": commit.seq,
+        "thread_id": commit.thread_id,
+        "run_id": commit.run_id,
+        "disposition": commit.disposition,
+        "messages": commit.messages,
+        "events": commit.events,
+        "actor": commit.actor,
+        "created_at": commit.created_at.isoformat(),
+    }
+
+
+def ends_run(commit: dict[str, Any]) -> bool:
+    """Whether a commit document carries the run's Ended disposition."""
+    disposition = commit.get("disposition") or {}
+    return disposition.get("state") == "ended"

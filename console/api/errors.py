@@ -1,0 +1,163 @@
+"""Every error the API returns, in one shape: ``{"error": {"code", "message", "detail"}}``.
+
+The runtime's typed faults (``RuntimeFault``: ``.code``, ``.status``, ``.message``,
+``.detail``) and the API's own refusals map to responses here, once; django-ninja's validation
+errors, HTTP errors and 404s, unknown paths, wrong methods and unexpected exceptions too, so a
+client never sees another error shape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from console.api.schemas import ErrorOut
+from runtime.errors import RuntimeFault
+
+log = logging.getLogger("console.api")
+
+HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    422: "validation_error",
+    429: "throttled",
+}
+
+
+class Unauthorized(RuntimeFault):
+    """A valid personal API token is required (Authorization: Bearer <token>)."""
+
+    code = "unauthorized"
+    status = 401
+
+
+class Forbidden(RuntimeFault):
+    """The token's user lacks the permission this operation needs."""
+
+    code = "forbidden"
+    status = 403
+
+
+class InvalidCursor(RuntimeFault):
+    """The pagination cursor is not one this API issued."""
+
+    code = "invalid_cursor"
+    status = 422
+
+
+def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "detail": detail or {}}}
+
+
+def error_response(
+    status: int, code: str, message: str, detail: dict[str, Any] | None = None
+) -> JsonResponse:
+    return JsonResponse(error_body(code, message, detail), status=status)
+
+
+def fault_response(fault: RuntimeFault) -> JsonResponse:
+    response = error_response(fault.status, fault.code, fault.message, _jsonable(fault.detail))
+    if fault.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="api"'
+    return response
+
+
+def _jsonable(detail: dict[str, Any]) -> dict[str, Any]:
+    """Make a fault's detail JSON-safe (details may hold enums or other plain values)."""
+    return json.loads(json.dumps(detail, default=str))
+
+
+def errors(*statuses: int) -> dict[int, type[ErrorOut]]:
+    """The documented error responses of an operation: ``{status: ErrorOut}``."""
+    return dict.fromkeys(statuses, ErrorOut)
+
+
+def install(api: NinjaAPI) -> None:
+    """Register the API's exception handlers (once, for every router)."""
+
+    @api.exception_handler(RuntimeFault)
+    def on_fault(request: HttpRequest, exc: RuntimeFault) -> HttpResponse:
+        return fault_response(exc)
+
+    @api.exception_handler(ValidationError)
+    def on_validation(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+        return error_response(
+            422,
+            "validation_error",
+            "the request does not match the schema",
+            _jsonable({"errors": exc.errors}),
+        )
+
+    @api.exception_handler(AuthenticationError)
+    def on_authentication(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+        return fault_response(Unauthorized())
+
+    @api.exception_handler(HttpError)
+    def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+        code = HTTP_CODES.get(exc.status_code, "error")
+        return error_response(exc.status_code, code, str(exc))
+
+    @api.exception_handler(Http404)
+    def on_not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
+        return error_response(404, "not_found", str(exc) or "not found")
+
+    @api.exception_handler(Exception)
+    def on_exception(request: HttpRequest, exc: Exception) -> HttpResponse:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(500, "internal_error", "internal server error")
+
+
+def not_found_view(request: HttpRequest, path: str = "") -> JsonResponse:
+    """Answer any path under the API prefix that no operation serves."""
+    return error_response(
+        404, "not_found", f"no API operation at {request.path}", {"docs": "/api/v1/docs"}
+    )
+
+
+def json_errors(view: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap one of ninja's URL views so that what it answers outside the exception handlers
+    (its plain-text 405, the Http404 of its root URL) takes the API's error shape too."""
+
+    def reshape(response: HttpResponse) -> HttpResponse:
+        if response.status_code != 405 or response.get("Content-Type", "").startswith(
+            "application/json"
+        ):
+            return response
+        allowed = response.get("Allow", "")
+        reshaped = error_response(
+            405,
+            "method_not_allowed",
+            f"{allowed or 'another method'} only",
+            {"allowed": [m.strip() for m in allowed.split(",") if m.strip()]},
+        )
+        reshaped["Allow"] = allowed
+        return reshaped
+
+    if iscoroutinefunction(view):
+
+        async def async_wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            return reshape(await view(request, *args, **kwargs))
+
+        wrapped: Callable[..., Any] = async_wrapped
+    else:
+
+        def sync_wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            try:
+                return reshape(view(request, *args, **kwargs))
+            except Http404:
+                return not_found_view(request)
+
+        wrapped = sync_wrapped
+    wrapped.csrf_exempt = True  # type: ignore[attr-defined]  # ninja views are CSRF-exempt
+    return wrapped

@@ -1,0 +1,61 @@
+"""Keyset pagination on (created_at, id): stable pages without OFFSET scans.
+
+A cursor is the opaque, URL-safe encoding of the last item's (created_at, id); the next page
+holds the rows strictly after it in the listing's order, so rows inserted meanwhile never shift
+a page.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Model, Q, QuerySet
+
+from console.api.errors import InvalidCursor
+
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"
+
+
+def encode_cursor(at: datetime, pk: Any) -> str:
+    raw = json.dumps([at.isoformat(), str(pk)], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """Return the (created_at, id) a cursor names; raise InvalidCursor for anything else."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, pk = json.loads(raw)
+        when = datetime.fromisoformat(at)
+        if not isinstance(pk, str) or when.tzinfo is None:
+            raise ValueError(pk)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise InvalidCursor(cursor=cursor) from exc
+    return when, pk
+
+
+def keyset_page[M: Model](
+    rows: QuerySet[M],
+    *,
+    cursor: str | None,
+    limit: int,
+    newest_first: bool,
+    field: str = "created_at",
+) -> tuple[Sequence[M], str | None]:
+    """Return one page of ``rows`` ordered by (field, pk) and the cursor of the next page."""
+    if cursor is not None:
+        at, pk = decode_cursor(cursor)
+        op = "lt" if newest_first else "gt"
+        rows = rows.filter(Q(**{f"{field}__{op}": at}) | Q(**{field: at, f"pk__{op}": pk}))
+    sign = "-" if newest_first else ""
+    page = list(rows.order_by(f"{sign}{field}", f"{sign}pk")[: limit + 1])
+    if len(page) <= limit:
+        return page, None
+    page = page[:limit]
+    last = page[-1]
+    return page, encode_cursor(getattr(last, field), last.pk)

@@ -1,0 +1,224 @@
+"""``/runs``: start, list and read runs, read their log, resume and cancel them."""
+
+from __future__ import annotations
+
+from contextlib import suppress
+from typing import Annotated, Any
+
+from django.http import HttpRequest
+from ninja import Field, Header, Query, Router, Schema
+from ninja.responses import Status
+
+from console.api.auth import actor, operate_auth, read_auth, resume_auth
+from console.api.documents import (
+    SUMMARY_FIELDS,
+    commit_document,
+    run_out,
+    run_summary,
+    with_active_batch,
+)
+from console.api.errors import errors
+from console.api.pagination import CURSOR_PATTERN, keyset_page
+from console.api.schemas import (
+    MAX_SEQ,
+    AgentName,
+    CancelIn,
+    CommitPageOut,
+    EndCauseName,
+    Id,
+    ResumeIn,
+    RunIn,
+    RunOut,
+    RunPageOut,
+    RunStateName,
+)
+from runtime import operations
+from runtime.domain.model import Decision, ResumeCommand, TicketKind
+from runtime.errors import NotFound, RuntimeFault
+from runtime.models import Run, ThreadCommit
+
+router = Router(tags=["runs"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        None,
+        alias="Idempotency-Key",
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+        description="repeat a request safely: the same key and body get the first answer",
+    ),
+]
+
+
+class RunFilters(Schema):
+    state: RunStateName | None = None
+    end_cause: EndCauseName | None = None
+    agent: AgentName | None = None
+    thread: Id | None = Field(None, description="a thread id")
+    cursor: str | None = Field(None, pattern=CURSOR_PATTERN, description="from next_cursor")
+    limit: int = Field(50, ge=1, le=200)
+
+
+def start(request: HttpRequest, payload: RunIn, thread_id: str | None = None) -> Status[Any]:
+    """Start a run of ``payload.agent`` (on ``thread_id``, or on a new thread): 201 the run."""
+    run_id = operations.start_run(
+        agent=payload.agent,
+        input=payload.input
+        if isinstance(payload.input, str)
+        else [m.model_dump() for m in payload.input],
+        metadata=payload.metadata,
+        thread_id=thread_id,
+        actor=actor(request),
+    )
+    return Status(201, run_out(run_id))
+
+
+@router.post(
+    "",
+    response={201: RunOut, **errors(400, 401, 403, 404, 422)},
+    auth=operate_auth,
+    by_alias=True,
+    summary="Start a run on a new thread",
+)
+def start_run(request: HttpRequest, payload: RunIn) -> Status[Any]:
+    """Start a run on a new thread. 404 ``unknown_agent`` lists the known agents under
+    ``detail.known``; a metadata script the scripted model refuses is 422 ``script_refused``."""
+    return start(request, payload)
+
+
+@router.get(
+    "",
+    response={200: RunPageOut, **errors(401, 403, 422)},
+    auth=read_auth,
+    summary="List runs, newest first",
+)
+def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> dict[str, Any]:
+    """Runs newest first, filtered by state, end cause, agent and thread; keyset-paginated
+    (pass ``next_cursor`` back as ``cursor``)."""
+    rows = Run.objects.only(*SUMMARY_FIELDS)
+    for field, value in (
+        ("state", filters.state),
+        ("end_cause", filters.end_cause),
+        ("agent", filters.agent),
+        ("thread_id", filters.thread),
+    ):
+        if value is not None:
+            rows = rows.filter(**{field: value})
+    page, next_cursor = keyset_page(
+        rows, cursor=filters.cursor, limit=filters.limit, newest_first=True
+    )
+    return {"items": [run_summary(run) for run in page], "next_cursor": next_cursor}
+
+
+@router.get(
+    "/{run_id}",
+    response={200: RunOut, **errors(401, 403, 404, 422)},
+    auth=read_auth,
+    by_alias=True,
+    summary="Read a run's committed state",
+)
+def get_run(request: HttpRequest, run_id: Id) -> dict[str, Any]:
+    """The committed run document: state, version, end cause, the open ticket, every batch
+    with every call (phase, attempt, operation id, pinned policy, arguments, result), the
+    active batch and the time of the last commit."""
+    return run_out(run_id)
+
+
+@router.get(
+    "/{run_id}/commits",
+    response={200: CommitPageOut, **errors(401, 403, 404, 422)},
+    auth=read_auth,
+    summary="Read a run's log entries",
+)
+def list_commits(
+    request: HttpRequest,
+    run_id: Id,
+    after: int = Query(0, ge=0, le=MAX_SEQ, description="only commits with seq > after"),
+    limit: int = Query(100, ge=1, le=1000),
+) -> dict[str, Any]:
+    """The run's commits in sequence order, each with its disposition, messages and events.
+    Sequences are per thread, so a run's commits need not be consecutive."""
+    if not Run.objects.filter(id=run_id).exists():
+        raise NotFound(f"run {run_id} does not exist")
+    rows = list(
+        ThreadCommit.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[: limit + 1]
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "items": [commit_document(row) for row in rows],
+        "next_after": rows[-1].seq if more else None,
+    }
+
+
+def _command(payload: ResumeIn) -> ResumeCommand:
+    if payload.decision in ("approve", "deny"):
+        decision, value = Decision(payload.decision), None
+    else:
+        decision = Decision.INPUT
+        value = payload.input if "input" in payload.model_fields_set else payload.result
+    return ResumeCommand(
+        ticket_id=payload.ticket_id,
+        kind=TicketKind(payload.kind),
+        decision=decision,
+        input=value,
+        reason=payload.note,
+        call_id=payload.call_id,
+    )
+
+
+def _with_committed_run(fault: RuntimeFault, run_id: str) -> RuntimeFault:
+    """Attach the committed run document to a conflict, so the client can decide again."""
+    if fault.status == 409:
+        with suppress(NotFound):  # a run that does not exist has no state to show
+            fault.detail["run"] = run_out(run_id)
+    return fault
+
+
+@router.post(
+    "/{run_id}/resume",
+    response={200: RunOut, **errors(400, 401, 403, 404, 409, 422)},
+    auth=resume_auth,
+    by_alias=True,
+    summary="Answer a run's open ticket",
+)
+def resume_run(
+    request: HttpRequest, run_id: Id, payload: ResumeIn, idempotency_key: IdempotencyKey = None
+) -> dict[str, Any]:
+    """Approve, deny, give input or supply a result for the open ticket; 200 the new committed
+    state. 409 (``ticket_mismatch``, ``kind_mismatch``, ``ticket_consumed``, ``run_ended``,
+    ``not_awaiting``, ``version_conflict``) writes nothing and carries the committed run under
+    ``detail.run``; 422 ``invalid_input`` when the input fails the ticket's schema, 422
+    ``idempotency_key_reused`` when the key was used with another body."""
+    try:
+        document = operations.resume(
+            run_id, _command(payload), actor=actor(request), idempotency_key=idempotency_key
+        )
+    except RuntimeFault as fault:
+        raise _with_committed_run(fault, run_id) from None
+    return with_active_batch(document)
+
+
+@router.post(
+    "/{run_id}/cancel",
+    response={200: RunOut, **errors(400, 401, 403, 404, 422)},
+    auth=operate_auth,
+    by_alias=True,
+    summary="Cancel a run",
+)
+def cancel_run(
+    request: HttpRequest,
+    run_id: Id,
+    payload: CancelIn | None = None,
+    idempotency_key: IdempotencyKey = None,
+) -> dict[str, Any]:
+    """End the run as cancelled, sealing its open calls; 200 the terminus. A run that has
+    already ended gets the same terminus again, and nothing is written."""
+    document = operations.cancel(
+        run_id,
+        actor=actor(request),
+        reason=payload.reason if payload else "",
+        idempotency_key=idempotency_key,
+    )
+    return with_active_batch(document)

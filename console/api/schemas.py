@@ -1,0 +1,335 @@
+"""The API's request and response schemas (pydantic, via django-ninja).
+
+Inputs are strict about what the stores cannot hold: text never carries NUL characters or lone
+surrogates (PostgreSQL refuses both) and free-form JSON holds only finite numbers, so a bad
+request is a 422, never a 500. Outputs mirror ``runtime.documents``; timestamps pass through as
+the ISO 8601 strings the run document carries, so the API and ``runtime_show --json`` agree.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from ninja import Schema
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
+
+# -- constrained values ---------------------------------------------------------------------------
+
+ID_PATTERN = r"^[0-9A-Za-z_-]+$"
+NO_NUL = r"^[^\x00]*$"
+MAX_SEQ = 2**63 - 1  # a commit sequence fits a signed 64-bit column on every database
+
+
+def _no_surrogates(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+def _storable_json(value: Any) -> Any:
+    """Refuse JSON the databases cannot store: NUL or surrogates in text, NaN or infinities."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("text may not contain NUL characters")
+        _no_surrogates(value)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("numbers must be finite")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _storable_json(key)
+            _storable_json(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _storable_json(item)
+    return value
+
+
+Id = Annotated[str, Field(min_length=1, max_length=64, pattern=ID_PATTERN)]
+AgentName = Annotated[
+    str, Field(min_length=1, max_length=100, pattern=NO_NUL), AfterValidator(_no_surrogates)
+]
+JsonValue = Annotated[Any, AfterValidator(_storable_json)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
+Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+
+
+# Text every database can store, by length limit.
+InputText = Annotated[
+    str, Field(min_length=1, max_length=200_000, pattern=NO_NUL), AfterValidator(_no_surrogates)
+]
+Note = Annotated[str, Field(max_length=2000, pattern=NO_NUL), AfterValidator(_no_surrogates)]
+Evidence = Annotated[str, Field(max_length=20_000, pattern=NO_NUL), AfterValidator(_no_surrogates)]
+
+
+RunStateName = Literal["running", "awaiting", "ended"]
+EndCauseName = Literal["natural", "step_limit", "cancelled", "stopped", "failed", "indeterminate"]
+TicketKindName = Literal["approval", "input", "delegation", "timer"]
+TicketStateName = Literal["open", "consumed", "void"]
+CallPhaseName = Literal["requested", "executing", "awaiting", "completed", "indeterminate"]
+PolicyName = Literal["replay", "reconnect", "indeterminate"]
+PermissionName = Literal["allow", "ask", "deny"]
+Outcome = Literal["applied", "not_applied", "unknown"]
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+class ErrorBody(Schema):
+    code: str = Field(description="stable machine-readable error code, e.g. ticket_mismatch")
+    message: str
+    detail: dict[str, Any] = Field(
+        default_factory=dict,
+        description="more about the error; a 409 from resume carries the committed run "
+        "document under detail.run",
+    )
+
+
+class ErrorOut(Schema):
+    error: ErrorBody
+
+
+# -- requests -------------------------------------------------------------------------------------
+
+
+class InputMessage(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "system"] = "user"
+    content: InputText
+
+
+class ThreadIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    metadata: JsonObject = Field(default_factory=dict)
+
+
+class RunIn(Schema):
+    """Start a run: the agent's name, its input (text or messages) and free-form metadata."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent: AgentName
+    input: Annotated[list[InputMessage], Field(min_length=1, max_length=100)] | InputText
+    metadata: JsonObject = Field(
+        default_factory=dict,
+        description='free-form; {"script": {...}} drives the scripted model (demo agent)',
+    )
+
+
+class ResumeIn(Schema):
+    """Answer the open ticket: ``decision`` (approve / deny), or ``input``, or ``result``.
+
+    ``input`` answers an input ticket (it must match the ticket's schema); ``result``
+    completes a delegation or timer ticket. ``note`` is recorded as the reason.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    ticket_id: Id
+    kind: TicketKindName
+    decision: Literal["approve", "deny", "input"] | None = None
+    input: JsonValue = None
+    result: JsonValue = None
+    note: Note = ""
+    call_id: Id | None = Field(None, description="optional: the call the ticket belongs to")
+
+    @model_validator(mode="after")
+    def _one_answer(self) -> ResumeIn:
+        given = {"input", "result"} & self.model_fields_set
+        if self.decision in ("approve", "deny"):
+            if given:
+                raise ValueError(f"decision {self.decision!r} takes no {' or '.join(given)}")
+        elif len(given) != 1:
+            raise ValueError("give exactly one of decision (approve / deny), input or result")
+        return self
+
+
+class CancelIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Note = ""
+
+
+class ReconcileIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    outcome: Outcome
+    evidence: Evidence = ""
+
+
+# -- the run document -----------------------------------------------------------------------------
+
+
+class MessageOut(Schema):
+    role: str
+    content: str
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    name: str | None = None
+    seq: int
+
+
+class CallOut(Schema):
+    index: int
+    call_id: str
+    tool_call_id: str
+    name: str
+    arguments: Any = Field(None, description="the parsed arguments, or null when unparsable")
+    arguments_text: str
+    phase: CallPhaseName
+    attempt: int
+    max_attempts: int
+    operation_id: str = Field(description="pass downstream to check or deduplicate the effect")
+    policy: PolicyName
+    permission: PermissionName
+    approved: bool
+    result: str | None = None
+    is_error: bool
+    effect_may_have_started: bool
+    updated_at: Timestamp | None = None
+
+
+class BatchOut(Schema):
+    step: int
+    finalized: bool
+    calls: list[CallOut]
+
+
+class TicketOut(Schema):
+    model_config = ConfigDict(populate_by_name=True)
+
+    id: str
+    kind: TicketKindName
+    call_id: str
+    request: Any = None
+    answer_schema: dict[str, Any] | None = Field(
+        None, alias="schema", description="the JSON schema an input answer must match"
+    )
+    state: TicketStateName
+    created_at: Timestamp
+    closed_at: Timestamp | None = None
+    closed_by: str = ""
+    decision: str = ""
+
+
+class RunOut(Schema):
+    """The run document (shared with ``runtime_show --json``) plus ``active_batch``."""
+
+    id: str
+    thread_id: str
+    agent: str
+    state: RunStateName
+    end_cause: EndCauseName | None = None
+    error: Any = None
+    version: int = Field(description="sequence of the run's last commit")
+    step: int
+    ticket: TicketOut | None = Field(None, description="the open ticket, if any")
+    batches: list[BatchOut]
+    active_batch: BatchOut | None = Field(None, description="the open (unfinalized) batch")
+    messages: list[MessageOut]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_by: str = ""
+    created_at: Timestamp
+    committed_at: Timestamp | None = Field(None, description="time of the run's last commit")
+
+
+class RunSummaryOut(Schema):
+    id: str
+    thread_id: str
+    agent: str
+    state: RunStateName
+    end_cause: EndCauseName | None = None
+    version: int
+    step: int
+    created_by: str = ""
+    created_at: Timestamp
+    committed_at: Timestamp | None = None
+
+
+class RunPageOut(Schema):
+    items: list[RunSummaryOut]
+    next_cursor: str | None = Field(None, description="pass as ?cursor= for the next page")
+
+
+# -- threads --------------------------------------------------------------------------------------
+
+
+class ThreadMessageOut(MessageOut):
+    run_id: str
+
+
+class ThreadOut(Schema):
+    id: str
+    created_at: Timestamp
+    version: int = Field(description="sequence of the thread's last commit")
+    active_run_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    messages: list[ThreadMessageOut] = Field(default_factory=list)
+    runs: list[RunSummaryOut] = Field(default_factory=list)
+
+
+# -- the log --------------------------------------------------------------------------------------
+
+
+class CommitOut(Schema):
+    seq: int = Field(description="the commit's sequence on its thread (the SSE event id)")
+    thread_id: str
+    run_id: str | None = None
+    disposition: dict[str, Any] | None = Field(
+        None, description="Running | Awaiting(ticket) | Ended(cause), as committed"
+    )
+    messages: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    actor: str = ""
+    created_at: Timestamp
+
+
+class CommitPageOut(Schema):
+    items: list[CommitOut]
+    next_after: int | None = Field(None, description="pass as ?after= for the next page")
+
+
+# -- tickets and tool calls -----------------------------------------------------------------------
+
+
+class TicketItemOut(TicketOut):
+    run_id: str
+    thread_id: str
+    agent: str
+    call: CallOut
+
+
+class TicketPageOut(Schema):
+    items: list[TicketItemOut]
+    next_cursor: str | None = None
+
+
+class ReconciliationOut(Schema):
+    id: int
+    call_id: str
+    run_id: str
+    thread_id: str
+    seq: int = Field(description="the thread commit that recorded the fact")
+    outcome: Outcome
+    evidence: str = ""
+    actor: str = ""
+    created_at: Timestamp
+
+
+class ToolCallItemOut(CallOut):
+    run_id: str
+    thread_id: str
+    agent: str
+    step: int
+    ticket_id: str | None = None
+    reconciliations: list[ReconciliationOut] = Field(default_factory=list)
+
+
+class ToolCallPageOut(Schema):
+    items: list[ToolCallItemOut]
+    next_cursor: str | None = None

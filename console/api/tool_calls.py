@@ -1,0 +1,115 @@
+"""``/tool-calls``: find calls by phase (Indeterminate ones for reconciliation) and record
+what the downstream system says of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch
+from django.http import HttpRequest
+from ninja import Field, Query, Router, Schema
+from ninja.responses import Status
+
+from console.api.auth import actor, operate_auth, read_auth
+from console.api.errors import errors
+from console.api.pagination import CURSOR_PATTERN, keyset_page
+from console.api.schemas import (
+    CallPhaseName,
+    Id,
+    ReconcileIn,
+    ReconciliationOut,
+    ToolCallPageOut,
+)
+from runtime import operations
+from runtime.documents import call_document
+from runtime.models import ReconciliationRecord, ToolCallRecord
+
+router = Router(tags=["tool calls"])
+
+
+class CallFilters(Schema):
+    phase: CallPhaseName | None = None
+    all: bool = Field(
+        False,
+        description="with phase=indeterminate: also calls sealed before any attempt started "
+        "(by default only those whose effect may have started, which need reconciliation)",
+    )
+    run: Id | None = Field(None, description="a run id")
+    cursor: str | None = Field(None, pattern=CURSOR_PATTERN, description="from next_cursor")
+    limit: int = Field(50, ge=1, le=200)
+
+
+def reconciliation_document(record: ReconciliationRecord, run_id: str) -> dict[str, Any]:
+    return {
+        "id": record.pk,
+        "call_id": record.call_id,
+        "run_id": run_id,
+        "thread_id": record.thread_id,
+        "seq": record.seq,
+        "outcome": record.outcome,
+        "evidence": record.evidence,
+        "actor": record.actor,
+        "created_at": record.created_at.isoformat(),
+    }
+
+
+@router.get(
+    "",
+    response={200: ToolCallPageOut, **errors(401, 403, 422)},
+    auth=read_auth,
+    summary="List tool calls, most recently changed first",
+)
+def list_tool_calls(request: HttpRequest, filters: Query[CallFilters]) -> dict[str, Any]:
+    """Tool calls by phase, each with its run, operation id and recorded reconciliations.
+    ``phase=indeterminate`` lists only calls whose effect may have started unless ``all``."""
+    rows = ToolCallRecord.objects.select_related("run").prefetch_related(
+        Prefetch("reconciliations", ReconciliationRecord.objects.order_by("seq"))
+    )
+    if filters.phase is not None:
+        rows = rows.filter(phase=filters.phase)
+        if filters.phase == "indeterminate" and not filters.all:
+            rows = rows.filter(effect_may_have_started=True)
+    if filters.run is not None:
+        rows = rows.filter(run_id=filters.run)
+    page, next_cursor = keyset_page(
+        rows, cursor=filters.cursor, limit=filters.limit, newest_first=True, field="updated_at"
+    )
+    items = [
+        {
+            **call_document(call),
+            "run_id": call.run_id,
+            "thread_id": call.run.thread_id,
+            "agent": call.run.agent,
+            "step": call.step,
+            "ticket_id": call.ticket_id,
+            "reconciliations": [
+                reconciliation_document(r, call.run_id) for r in call.reconciliations.all()
+            ],
+        }
+        for call in page
+    ]
+    return {"items": items, "next_cursor": next_cursor}
+
+
+@router.post(
+    "/{call_id}/reconciliation",
+    response={201: ReconciliationOut, **errors(400, 401, 403, 404, 409, 422)},
+    auth=operate_auth,
+    summary="Record what the downstream system says of an Indeterminate call",
+)
+def reconcile(request: HttpRequest, call_id: Id, payload: ReconcileIn) -> Status[Any]:
+    """Record the outcome (applied / not_applied / unknown) and evidence as a committed,
+    audited fact on the thread; nothing is reopened. 422 ``invalid_commit`` when the call is
+    not Indeterminate. A follow-up run is started separately (``POST /threads/{id}/runs``)."""
+    answer = operations.reconcile(
+        call_id, outcome=payload.outcome, evidence=payload.evidence, actor=actor(request)
+    )
+    call = (
+        ToolCallRecord.objects.only("run_id", "run__thread_id")
+        .select_related("run")
+        .get(id=call_id)
+    )
+    record = ReconciliationRecord.objects.get(
+        thread_id=call.run.thread_id, seq=answer["seq"], call_id=call_id
+    )
+    return Status(201, reconciliation_document(record, call.run_id))

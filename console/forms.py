@@ -1,0 +1,327 @@
+"""The console's forms, including the one generated from an input ticket's JSON schema.
+
+Forms only shape what a person typed into Python values; the rules live in
+``runtime.operations`` (``resume`` validates an input answer against the ticket's schema with
+jsonschema), so a form that passes here may still be refused there, and the view shows why.
+
+The schema form generator is deliberately small: it covers what tickets ask for in practice
+(an object of string / number / integer / boolean / enum properties, or one such value) and
+falls back to a JSON text area for anything else (arrays, nested objects, unions). Existing
+libraries either need a JavaScript bundle (react-jsonschema-form, django-jsonform) or target
+another framework, and a build step is out of scope for the console.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+
+from runtime.agents import registry
+
+# Example scripts for the scripted demo agent. A response without tool calls ends the run, so
+# streamed text that leads to a tool call rides in the same step as the call.
+SCRIPT_EXAMPLES: dict[str, dict[str, Any]] = {
+    "approval": {
+        "steps": [
+            {
+                "text": "Let me record invoice-42 in the ledger. It needs an approval first.",
+                "chunks": 20,
+                "delay_ms": 100,
+                "tool_calls": [{"name": "ledger_approval", "arguments": {"key": "invoice-42"}}],
+            },
+            {"text": "Recorded once, after approval.", "chunks": 10, "delay_ms": 50},
+        ]
+    },
+    "input": {
+        "steps": [
+            {
+                "text": "I need to know which account to charge.",
+                "chunks": 8,
+                "delay_ms": 50,
+                "tool_calls": [
+                    {
+                        "name": "ask_input",
+                        "arguments": {
+                            "question": "Which account should be charged?",
+                            "answer_schema": {
+                                "type": "object",
+                                "properties": {
+                                    "account": {"type": "string", "minLength": 1},
+                                    "amount": {"type": "number", "minimum": 0},
+                                    "urgent": {"type": "boolean"},
+                                    "currency": {"enum": ["EUR", "USD", "GBP"]},
+                                },
+                                "required": ["account", "amount"],
+                            },
+                        },
+                    }
+                ],
+            },
+            {"text": "Thanks, noted.", "chunks": 5, "delay_ms": 50},
+        ]
+    },
+    "once": {
+        "steps": [
+            {
+                "text": "Recording payment-7 (never retried).",
+                "tool_calls": [{"name": "ledger_once", "arguments": {"key": "payment-7"}}],
+            },
+            {"text": "Done.", "chunks": 3, "delay_ms": 50},
+        ]
+    },
+    "text": {"steps": [{"text": "Hello from the scripted model.", "chunks": 12, "delay_ms": 80}]},
+}
+
+
+class RunFilterForm(forms.Form):
+    """Filters of the runs list; every field is optional and unknown values are ignored."""
+
+    state = forms.ChoiceField(
+        required=False,
+        choices=[
+            ("", "any state"),
+            ("running", "running"),
+            ("awaiting", "awaiting"),
+            ("ended", "ended"),
+        ],
+    )
+    cause = forms.ChoiceField(
+        required=False,
+        label="End cause",
+        choices=[("", "any end cause")]
+        + [
+            (c, c.replace("_", " "))
+            for c in ("natural", "step_limit", "cancelled", "stopped", "failed", "indeterminate")
+        ],
+    )
+    agent = forms.CharField(required=False, max_length=100)
+    q = forms.CharField(required=False, max_length=64, label="Run or thread id")
+    after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
+
+
+def agent_choices() -> list[tuple[str, str]]:
+    return [(name, name) for name in sorted(registry())]
+
+
+class StartRunForm(forms.Form):
+    agent = forms.ChoiceField(choices=agent_choices)
+    input = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4}),
+        max_length=100_000,
+        help_text="The user message the run starts with.",
+    )
+    script = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 12, "spellcheck": "false", "class": "mono"}),
+        help_text='JSON for a scripted agent: {"steps": [...]}. Leave empty for a real model.',
+    )
+    thread_id = forms.CharField(
+        required=False,
+        max_length=32,
+        label="Thread id",
+        help_text="Optional: continue an existing thread (it must have no active run).",
+    )
+
+    def clean_script(self) -> dict[str, Any] | None:
+        raw = self.cleaned_data["script"].strip()
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc}") from exc
+        if not isinstance(value, dict):
+            raise forms.ValidationError('the script is a JSON object: {"steps": [...]}')
+        return value
+
+    def clean_thread_id(self) -> str | None:
+        return self.cleaned_data["thread_id"].strip() or None
+
+
+class CancelForm(forms.Form):
+    reason = forms.CharField(required=False, max_length=500)
+    confirm = forms.BooleanField(
+        required=True, error_messages={"required": "Confirm that the run should be cancelled."}
+    )
+
+
+class ReconcileForm(forms.Form):
+    OUTCOMES = [
+        ("applied", "Applied: the downstream system shows the effect"),
+        ("not_applied", "Not applied: the downstream system has no trace of it"),
+        ("unknown", "Still unknown"),
+    ]
+    outcome = forms.ChoiceField(choices=OUTCOMES, widget=forms.RadioSelect)
+    evidence = forms.CharField(
+        required=False,
+        max_length=5000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="What the downstream system says (a reference, a query result).",
+    )
+    follow_up_agent = forms.ChoiceField(
+        required=False,
+        label="Start a follow-up run",
+        help_text="Starts a new run on the thread with this outcome as its input.",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["follow_up_agent"].choices = [("", "no follow-up run")] + agent_choices()
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("outcome") == "applied" and not (data.get("evidence") or "").strip():
+            self.add_error("evidence", "Applied needs evidence: say where the effect shows.")
+        return data
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100, required=False, help_text="What the token is for.")
+
+
+# -- the input form generated from a ticket's JSON schema ----------------------------------------
+
+DENY_REASON_MAX = 2000
+
+
+class DenyForm(forms.Form):
+    reason = forms.CharField(
+        required=False,
+        max_length=DENY_REASON_MAX,
+        widget=forms.TextInput(attrs={"placeholder": "why (shown to the model)"}),
+    )
+
+
+class JSONTextField(forms.CharField):
+    """A JSON value typed as text (the fallback for schema parts the generator does not model)."""
+
+    widget = forms.Textarea(attrs={"rows": 3, "class": "mono", "spellcheck": "false"})
+
+    def to_python(self, value: Any) -> Any:
+        text = super().to_python(value)
+        if text in self.empty_values:
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc.msg}") from exc
+
+
+class BooleanChoiceField(forms.TypedChoiceField):
+    """A JSON boolean answered explicitly (yes / no), so "false" is a real answer."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        required = kwargs.pop("required", False)
+        super().__init__(
+            choices=[("", "—"), ("true", "yes"), ("false", "no")]
+            if not required
+            else [("true", "yes"), ("false", "no")],
+            coerce=lambda v: v == "true",
+            empty_value=None,
+            required=required,
+            **kwargs,
+        )
+
+
+def _label(name: str, schema: dict[str, Any]) -> str:
+    return str(schema.get("title") or name.replace("_", " "))
+
+
+def schema_field(name: str, schema: Any, *, required: bool) -> forms.Field:
+    """One form field for one JSON-schema value (see the module docstring for the cover)."""
+    if not isinstance(schema, dict):
+        schema = {}
+    common: dict[str, Any] = {
+        "label": _label(name, schema),
+        "required": required,
+        "help_text": str(schema.get("description") or ""),
+    }
+    kind = schema.get("type")
+    if "enum" in schema and isinstance(schema["enum"], list) and schema["enum"]:
+        choices = [(json.dumps(v), str(v) if not isinstance(v, str) else v) for v in schema["enum"]]
+        if not required:
+            choices = [("", "—"), *choices]
+        return forms.TypedChoiceField(
+            choices=choices, coerce=json.loads, empty_value=None, **common
+        )
+    if "const" in schema:
+        value = schema["const"]
+        return forms.TypedChoiceField(
+            choices=[(json.dumps(value), str(value))], coerce=json.loads, **common
+        )
+    if kind == "string":
+        max_length = schema.get("maxLength")
+        widget = (
+            forms.Textarea(attrs={"rows": 3})
+            if (max_length or 0) > 200
+            or (max_length is None and schema.get("format") == "textarea")
+            else forms.TextInput
+        )
+        field = forms.CharField(
+            min_length=schema.get("minLength"),
+            max_length=max_length,
+            strip=False,
+            widget=widget,
+            **common,
+        )
+        if "pattern" in schema:
+            field.widget.attrs["pattern"] = schema["pattern"]
+        if schema.get("format") == "email":
+            field.widget.input_type = "email"  # type: ignore[attr-defined]
+        return field
+    if kind == "integer":
+        return forms.IntegerField(
+            min_value=schema.get("minimum"), max_value=schema.get("maximum"), **common
+        )
+    if kind == "number":
+        field = forms.FloatField(
+            min_value=schema.get("minimum"), max_value=schema.get("maximum"), **common
+        )
+        field.widget.attrs["step"] = "any"
+        return field
+    if kind == "boolean":
+        return BooleanChoiceField(**common)
+    common["help_text"] = (common["help_text"] + " " if common["help_text"] else "") + (
+        "Type a JSON value."
+    )
+    return JSONTextField(**common)
+
+
+class SchemaForm(forms.Form):
+    """Fields generated from a JSON schema; ``answer()`` is the JSON value to send.
+
+    An object schema with ``properties`` becomes one field per property (in schema order);
+    any other schema becomes a single field named ``value``. Optional fields left empty are
+    left out of the answer. ``prefix`` keeps the generated names apart from the ticket form's
+    own fields.
+    """
+
+    VALUE = "value"
+
+    def __init__(self, schema: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prefix", "answer")
+        super().__init__(*args, **kwargs)
+        self.schema = schema if isinstance(schema, dict) else {}
+        properties = self.schema.get("properties")
+        self.is_object = self.schema.get("type", "object") == "object" and isinstance(
+            properties, dict
+        )
+        if self.is_object:
+            required = set(self.schema.get("required") or ())
+            for name, sub in properties.items():
+                self.fields[name] = schema_field(name, sub, required=name in required)
+        else:
+            self.fields[self.VALUE] = schema_field("answer", self.schema, required=True)
+
+    def answer(self) -> Any:
+        """The typed answer; call after ``is_valid()``."""
+        data = self.cleaned_data
+        if not self.is_object:
+            return data.get(self.VALUE)
+        return {
+            name: value
+            for name, value in data.items()
+            if not (value is None or (value == "" and not self.fields[name].required))
+        }

@@ -1,0 +1,40 @@
+"""Create the first operator: ``manage.py runtime_bootstrap [--username U] [--password P]``.
+
+Only when no user exists yet, so running it again is harmless. Without ``--password`` a random
+password is generated and printed once.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from console.management.groups import ensure_groups
+
+
+class Command(BaseCommand):
+    help = "Create the first operator (user 'operator' in group operators) when no user exists."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--username", default="operator")
+        parser.add_argument("--password", default=None, help="default: random, printed once")
+
+    def handle(self, *args, **options):
+        User = get_user_model()
+        username = options["username"].strip()
+        if not username:
+            raise CommandError("--username must not be empty")
+        password = options["password"] or secrets.token_urlsafe(12)
+        with transaction.atomic():
+            if User.objects.exists():
+                self.stdout.write("A user already exists; nothing was created.")
+                return
+            groups = ensure_groups()
+            user = User.objects.create_user(username=username, password=password)
+            user.groups.add(groups["operators"])
+        self.stdout.write(self.style.SUCCESS(f"Created operator {username!r}."))
+        if options["password"] is None:
+            self.stdout.write(f"Password (shown once): {password}")

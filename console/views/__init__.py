@@ -1,0 +1,1 @@
+"""The operator console: server-rendered pages with htmx partials (see ``urls.py``)."""

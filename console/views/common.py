@@ -1,0 +1,92 @@
+"""What every console view shares: the request type, permission guards, error rendering.
+
+Every write goes through ``runtime.operations``; a refused operation raises a RuntimeFault,
+which the views render with its own status code (403, 404, 409, 422) and message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.template.response import TemplateResponse
+from django.utils.html import format_html
+from django.views.decorators.http import require_POST
+from django_htmx.middleware import HtmxDetails
+
+from console.models import OPERATE, READ, RESUME
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+View = Callable[..., HttpResponse]
+
+
+def needs(permission: str, *, write: bool = False) -> Callable[[View], View]:
+    """Guard a view: sign-in first, then ``permission`` (403); writes are POST only.
+
+    Anonymous visitors are sent to the sign-in page (an htmx request of an expired session gets
+    ``HX-Redirect``, so the whole page goes, not a fragment); a signed-in user without the
+    permission gets 403, and so does every write a viewer attempts.
+    """
+
+    def decorate(view: View) -> View:
+        @wraps(view)
+        def guarded(request: HtmxHttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.is_authenticated:
+                if request.htmx:
+                    back = request.htmx.current_url_abs_path or "/"
+                    response = HttpResponse(status=401)
+                    response["HX-Redirect"] = f"{settings.LOGIN_URL}?{urlencode({'next': back})}"
+                    return response
+                return redirect_to_login(request.get_full_path())
+            if not request.user.has_perm(permission):
+                why = f"You need the {permission.split('.')[-1]} permission for this."
+                if request.htmx:  # a fragment for the swap target, not a whole page
+                    return HttpResponseForbidden(
+                        format_html('<p class="error" role="alert">{}</p>', why)
+                    )
+                raise PermissionDenied(why)
+            return view(request, *args, **kwargs)
+
+        return require_POST(guarded) if write else guarded
+
+    return decorate
+
+
+def actor(request: HttpRequest) -> str:
+    """The name every operation records as who acted."""
+    return request.user.get_username()
+
+
+def abilities(request: HttpRequest) -> dict[str, bool]:
+    """What the signed-in user may do, for showing only the actions they can take."""
+    user = request.user
+    return {
+        "can_read": user.has_perm(READ),
+        "can_resume": user.has_perm(RESUME),
+        "can_operate": user.has_perm(OPERATE),
+    }
+
+
+def render_page(
+    request: HtmxHttpRequest,
+    template: str,
+    context: dict[str, Any],
+    *,
+    partial: str | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    """Render the whole page, or only ``partial`` for an htmx request that asks for it."""
+    htmx = request.htmx
+    wants_partial = bool(htmx) and not htmx.boosted and not htmx.history_restore_request
+    name = f"{template}#{partial}" if partial and wants_partial else template
+    return TemplateResponse(request, name, {**abilities(request), **context}, status=status)

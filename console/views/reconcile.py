@@ -1,0 +1,128 @@
+"""Reconciliation: every Indeterminate call whose effect may have started, and the form that
+records what the downstream system says (``runtime.operations.reconcile``).
+
+Nothing is reopened: the outcome is a committed, audited note on the thread, and a follow-up
+run may start with it as its input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib import messages
+from django.db.models import Prefetch
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect
+
+from console.forms import ReconcileForm
+from console.models import OPERATE, READ
+from console.views.common import HtmxHttpRequest, actor, needs, render_page
+from runtime import operations
+from runtime.coordinator import executing_attempts
+from runtime.errors import RunAlreadyActive, RuntimeFault
+from runtime.models import LateEvidence, ReconciliationRecord, ToolCallRecord
+
+
+@dataclass
+class CallCard:
+    call: ToolCallRecord
+    attempts: list[dict[str, Any]]
+    form: ReconcileForm = field(default_factory=ReconcileForm)
+    error: str = ""
+    notice: str = ""
+    follow_up_run_id: str | None = None
+
+    @property
+    def records(self) -> list[ReconciliationRecord]:
+        return list(self.call.reconciliations.all())
+
+    @property
+    def evidence(self) -> list[LateEvidence]:
+        return list(self.call.evidence.all())
+
+
+def _calls():
+    return (
+        ToolCallRecord.objects.filter(phase="indeterminate", effect_may_have_started=True)
+        .select_related("run")
+        .prefetch_related(
+            Prefetch("reconciliations", ReconciliationRecord.objects.order_by("seq")),
+            Prefetch("evidence", LateEvidence.objects.order_by("created_at")),
+        )
+    )
+
+
+def _card(call: ToolCallRecord, form: ReconcileForm | None = None) -> CallCard:
+    return CallCard(
+        call=call,
+        attempts=executing_attempts(call.run_id, call.id),
+        form=form or ReconcileForm(prefix=call.id),
+    )
+
+
+@needs(READ)
+def reconciliation(request: HtmxHttpRequest) -> HttpResponse:
+    """Indeterminate calls to check downstream: unreconciled first, newest first."""
+    show = request.GET.get("show", "open")
+    calls = list(_calls().order_by("-updated_at"))
+    pending = [c for c in calls if not c.reconciliations.all()]
+    done = [c for c in calls if c.reconciliations.all()]
+    shown = pending if show == "open" else calls
+    context = {
+        "cards": [_card(c) for c in shown],
+        "show": show,
+        "pending_count": len(pending),
+        "done_count": len(done),
+    }
+    return render_page(request, "console/reconcile.html", context, partial="calls")
+
+
+@needs(OPERATE, write=True)
+def reconcile_call(request: HtmxHttpRequest, call_id: str) -> HttpResponse:
+    """Record a downstream outcome; optionally start a follow-up run on the thread."""
+    call = _calls().filter(id=call_id).first()
+    if call is None:
+        raise Http404(f"no Indeterminate call {call_id} whose effect may have started")
+    form = ReconcileForm(request.POST, prefix=call.id)
+    card = _card(call, form)
+    status = 200
+    if not form.is_valid():
+        card.error = "Check the form."
+        status = 400
+    else:
+        data = form.cleaned_data
+        try:
+            result = operations.reconcile(
+                call.id,
+                outcome=data["outcome"],
+                evidence=data["evidence"],
+                actor=actor(request),
+                follow_up_agent=data["follow_up_agent"] or None,
+            )
+        except RunAlreadyActive:
+            # The note and the follow-up land together or not at all (operations.reconcile).
+            card.error = (
+                "Not recorded: the thread has an active run, so no follow-up can start. "
+                "Record the outcome without a follow-up, or wait for that run to end."
+            )
+            status = 409
+        except RuntimeFault as exc:
+            card.error = exc.message
+            status = exc.status
+        else:
+            card.follow_up_run_id = result["follow_up_run_id"]
+            card.notice = f"Outcome recorded as commit #{result['seq']}" + (
+                ", follow-up run started." if card.follow_up_run_id else "."
+            )
+            card.form = ReconcileForm(prefix=call.id)
+        card.call = _calls().get(id=call.id)
+    if request.htmx:
+        return render_page(
+            request, "console/reconcile.html", {"card": card}, partial="card", status=status
+        )
+    if status < 300:
+        messages.success(request, card.notice)
+        return redirect("console:reconcile")
+    context = {"cards": [card], "show": "one", "pending_count": None, "done_count": None}
+    return render_page(request, "console/reconcile.html", context, status=status)

@@ -1,0 +1,266 @@
+"""The runs list, the run page, starting and cancelling runs.
+
+Everything shown is committed state (projections and the commit log); the live panel beside
+the run page is fed by ``console.consumers`` and is marked unconfirmed.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.contrib import messages
+from django.db.models import Count, Q
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect
+
+from console.forms import SCRIPT_EXAMPLES, CancelForm, RunFilterForm, StartRunForm
+from console.models import OPERATE, READ
+from console.views.common import HtmxHttpRequest, actor, needs, render_page
+from console.views.tickets import build_card
+from runtime import operations
+from runtime.agents import registry
+from runtime.documents import run_document
+from runtime.errors import NotFound, RuntimeFault
+from runtime.models import ReconciliationRecord, Run, ThreadCommit, Ticket
+
+PAGE_SIZE = 50
+STATES = ("running", "awaiting", "ended")
+CAUSES = ("natural", "step_limit", "cancelled", "stopped", "failed", "indeterminate")
+
+
+def _cursor(run: Run) -> str:
+    return f"{run.created_at.isoformat()}~{run.id}"
+
+
+def _parse_cursor(raw: str) -> tuple[datetime, str] | None:
+    stamp, _, run_id = raw.partition("~")
+    try:
+        return datetime.fromisoformat(stamp), run_id
+    except ValueError:
+        return None
+
+
+def _counts() -> dict[str, Any]:
+    states = dict(Run.objects.values_list("state").annotate(n=Count("id")).order_by())
+    causes = dict(
+        Run.objects.filter(state="ended")
+        .values_list("end_cause")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return {
+        "total": sum(states.values()),
+        "states": [(s, states.get(s, 0)) for s in STATES],
+        "causes": [(c, causes.get(c, 0)) for c in CAUSES],
+    }
+
+
+@needs(READ)
+def runs(request: HtmxHttpRequest) -> HttpResponse:
+    """The runs list: counts, filters, search, keyset pages (newest first)."""
+    form = RunFilterForm(request.GET)
+    form.is_valid()
+    data = form.cleaned_data
+    rows = Run.objects.all()
+    if data.get("state"):
+        rows = rows.filter(state=data["state"])
+    if data.get("cause"):
+        rows = rows.filter(end_cause=data["cause"])
+    if data.get("agent"):
+        rows = rows.filter(agent=data["agent"])
+    if q := (data.get("q") or "").strip():
+        rows = rows.filter(Q(id__startswith=q) | Q(thread__id__startswith=q))
+    cursor = _parse_cursor(data.get("after") or "")
+    if cursor:
+        stamp, run_id = cursor
+        rows = rows.filter(Q(created_at__lt=stamp) | Q(created_at=stamp, id__lt=run_id))
+    page = list(
+        rows.order_by("-created_at", "-id").only(
+            "id",
+            "thread_id",
+            "agent",
+            "state",
+            "end_cause",
+            "version",
+            "step",
+            "created_by",
+            "created_at",
+            "committed_at",
+        )[: PAGE_SIZE + 1]
+    )
+    more = len(page) > PAGE_SIZE
+    page = page[:PAGE_SIZE]
+    params = request.GET.copy()
+    params.pop("after", None)
+    next_params = params.copy()
+    if more:
+        next_params["after"] = _cursor(page[-1])
+    filters = {k: v for k, v in data.items() if k != "after" and v}
+    context = {
+        "form": form,
+        "runs": page,
+        "counts": _counts(),
+        "agents": sorted(registry()),
+        "filters": filters,
+        "filtered": bool(filters),
+        "paged": cursor is not None,
+        "first_query": params.urlencode(),
+        "next_query": next_params.urlencode() if more else None,
+        "self_query": request.GET.urlencode(),
+    }
+    return render_page(request, "console/runs.html", context, partial="listing")
+
+
+def _event_run_id(event: dict[str, Any]) -> str | None:
+    return event.get("run_id")
+
+
+def run_context(run_id: str) -> dict[str, Any]:
+    """Everything the run page shows, from committed state only."""
+    try:
+        doc = run_document(run_id)
+    except NotFound as exc:
+        raise Http404(str(exc)) from exc
+    commits = list(
+        ThreadCommit.objects.filter(
+            Q(run_id=run_id) | Q(thread_id=doc["thread_id"], run__isnull=True)
+        ).order_by("seq")
+    )
+    log = [
+        c
+        for c in commits
+        if c.run_id == run_id or any(_event_run_id(e) == run_id for e in c.events)
+    ]
+    attempts: dict[str, list[dict[str, Any]]] = {}
+    for c in log:
+        for e in c.events:
+            if e.get("type") == "CallExecuting":
+                attempts.setdefault(e["call_id"], []).append(
+                    {
+                        "attempt": e["attempt"],
+                        "worker": e.get("worker", ""),
+                        "seq": c.seq,
+                        "at": c.created_at,
+                    }
+                )
+    for batch in doc["batches"]:
+        for call in batch["calls"]:
+            call["attempts"] = attempts.get(call["call_id"], [])
+    latest = next((c for c in reversed(log) if c.run_id == run_id), None)
+    tickets = list(
+        Ticket.objects.filter(run_id=run_id).select_related("call").order_by("opened_seq")
+    )
+    open_ticket = next((t for t in tickets if t.state == "open"), None)
+    reconciliations = list(
+        ReconciliationRecord.objects.filter(call__run_id=run_id)
+        .select_related("call")
+        .order_by("seq")
+    )
+    return {
+        "run": doc,
+        "created_at": datetime.fromisoformat(doc["created_at"]),
+        "latest_commit": latest,
+        "log": log,
+        "tickets": tickets,
+        "open_ticket": open_ticket,
+        "reconciliations": reconciliations,
+    }
+
+
+def run_page_context(run_id: str, cancel_form: CancelForm | None = None) -> dict[str, Any]:
+    context = run_context(run_id)
+    if context["open_ticket"] is not None:
+        context["card"] = build_card(context["open_ticket"])
+    context["cancel_form"] = cancel_form or CancelForm()
+    return context
+
+
+@needs(READ)
+def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """The run page: committed state, batch, ticket form, log; htmx asks for ``committed``."""
+    context = run_page_context(run_id)
+    return render_page(request, "console/run.html", context, partial="committed")
+
+
+@needs(OPERATE, write=True)
+def cancel_run(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Cancel a run (confirmed in the form); an ended run keeps its terminus."""
+    form = CancelForm(request.POST)
+    if not form.is_valid():
+        context = run_page_context(run_id, form)
+        context.update(cancel_open=True)
+        return render_page(request, "console/run.html", context, status=400)
+    try:
+        before = Run.objects.filter(id=run_id).values_list("state", flat=True).first()
+        doc = operations.cancel(run_id, actor=actor(request), reason=form.cleaned_data["reason"])
+    except NotFound as exc:
+        raise Http404(str(exc)) from exc
+    except RuntimeFault as exc:
+        context = run_page_context(run_id, form)
+        context.update(cancel_open=True, cancel_error=exc.message)
+        return render_page(request, "console/run.html", context, status=exc.status)
+    if before == "ended":
+        messages.info(request, f"The run had already ended ({doc['end_cause']}); nothing changed.")
+    else:
+        messages.success(request, "Run cancelled. Open calls were sealed as Indeterminate.")
+    return redirect("console:run", run_id=run_id)
+
+
+@needs(OPERATE)
+def start_run(request: HtmxHttpRequest) -> HttpResponse:
+    """Start a run: an agent, the input, and a script for scripted agents."""
+    status = 200
+    error = None
+    if request.method == "POST":
+        form = StartRunForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            metadata = {"script": data["script"]} if data["script"] is not None else None
+            try:
+                run_id = operations.start_run(
+                    agent=data["agent"],
+                    input=data["input"],
+                    metadata=metadata,
+                    thread_id=data["thread_id"],
+                    actor=actor(request),
+                )
+            except RuntimeFault as exc:
+                error, status = exc.message, exc.status
+            else:
+                messages.success(request, "Run started.")
+                return redirect("console:run", run_id=run_id)
+        else:
+            status = 400
+    else:
+        example = request.GET.get("example", "approval")
+        script = SCRIPT_EXAMPLES.get(example)
+        initial = {
+            "agent": "demo" if "demo" in registry() else None,
+            "input": "Record invoice-42 in the ledger.",
+            "script": _pretty(script) if script else "",
+            "thread_id": request.GET.get("thread", ""),
+        }
+        form = StartRunForm(initial=initial)
+    agents = registry()
+    context = {
+        "form": form,
+        "error": error,
+        "examples": list(SCRIPT_EXAMPLES),
+        "agents": [
+            {
+                "name": a.name,
+                "description": a.description,
+                "provider": a.provider.kind,
+                "tools": [t.name for t in a.tools],
+                "step_limit": a.step_limit,
+            }
+            for a in sorted(agents.values(), key=lambda a: a.name)
+        ],
+    }
+    return render_page(request, "console/start.html", context, status=status)
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2)

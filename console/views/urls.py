@@ -1,0 +1,26 @@
+"""The console's pages and actions (the JSON API lives under api/v1/)."""
+
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from console.views import reconcile, runs, tickets, tokens
+
+app_name = "console"
+
+urlpatterns = [
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", runs.runs, name="runs"),
+    path("runs/new/", runs.start_run, name="start"),
+    path("runs/<str:run_id>/", runs.run_detail, name="run"),
+    path("runs/<str:run_id>/cancel/", runs.cancel_run, name="cancel"),
+    path("inbox/", tickets.inbox, name="inbox"),
+    path("tickets/<str:ticket_id>/", tickets.ticket_detail, name="ticket"),
+    path("tickets/<str:ticket_id>/answer/", tickets.answer_ticket, name="answer"),
+    path("reconcile/", reconcile.reconciliation, name="reconcile"),
+    path("reconcile/<str:call_id>/", reconcile.reconcile_call, name="reconcile_call"),
+    path("tokens/", tokens.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", tokens.revoke_token, name="revoke_token"),
+]
