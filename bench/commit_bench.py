@@ -302,8 +302,8 @@ def profile(commits: int = 300) -> None:
         return run
 
     total = 0.0
-    real_commit, real_announce = wrapper._commit, coordinator._announce
-    wrapper._commit = clock("COMMIT", real_commit)
+    real_commit, real_announce = wrapper._commit, coordinator._announce  # type: ignore[attr-defined]
+    wrapper._commit = clock("COMMIT", real_commit)  # type: ignore[attr-defined]
     coordinator._announce = clock("on_commit announcement (live fan-out)", real_announce)
     try:
         with connection.execute_wrapper(timed):
@@ -313,7 +313,7 @@ def profile(commits: int = 300) -> None:
                 writer.write()
                 total += time.perf_counter() - start
     finally:
-        del wrapper._commit
+        del wrapper._commit  # type: ignore[attr-defined]
         coordinator._announce = real_announce
 
     print(

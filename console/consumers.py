@@ -15,7 +15,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.models import READ
-from runtime.live import ALL_RUNS_GROUP, run_group
+from runtime.live import ALL_RUNS_GROUP, bind_to_running_loop, run_group
 from runtime.models import Run
 
 # Close codes (4000-4999 are the application's): sent when the handshake is refused after
@@ -42,6 +42,7 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
         if not await _may_read(self.scope.get("user")):
             await self.close()  # before accept: the upgrade is refused with 403
             return False
+        bind_to_running_loop()  # this process's live sends go to the loop viewers are on
         return True
 
     async def disconnect(self, code: int) -> None:

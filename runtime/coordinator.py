@@ -27,7 +27,7 @@ from runtime.domain.events import (
     ReconciliationRecorded,
 )
 from runtime.domain.model import RunState, RunView, ThreadHead, ToolCall
-from runtime.errors import LeaseLost, NotFound, VersionConflict
+from runtime.errors import InvalidCommit, LeaseLost, NotFound, VersionConflict
 from runtime.models import (
     MessageRecord,
     ReconciliationRecord,
@@ -68,7 +68,9 @@ def read_head(thread_id: str, *, lock: bool = False) -> ThreadHead:
     row = rows.values("version", "active_run_id").first()
     if row is None:
         raise NotFound(f"thread {thread_id} does not exist")
-    return ThreadHead(thread_id=thread_id, version=row["version"], active_run_id=row["active_run_id"])
+    return ThreadHead(
+        thread_id=thread_id, version=row["version"], active_run_id=row["active_run_id"]
+    )
 
 
 def read_run(run_id: str) -> RunView | None:
@@ -88,8 +90,13 @@ def commit(draft: CommitDraft, *, lease: Lease | None = None) -> Committed:
         with transaction.atomic():
             return _commit(draft, lease)
     except IntegrityError as exc:
-        # The unique (thread, seq) constraint is the safety net behind the version check.
-        raise VersionConflict(expected=draft.expected_version, reason=str(exc)) from exc
+        # The unique (thread, seq) constraint is the safety net behind the version check;
+        # any other unique index refusing a row means the draft reused an id.
+        if any(name in str(exc) for name in ("commit_seq_unique_per_thread", "threadcommit.seq")):
+            raise VersionConflict(expected=draft.expected_version, reason=str(exc)) from exc
+        raise InvalidCommit(
+            "the commit reuses an id that is already taken", reason=str(exc)
+        ) from exc
 
 
 def _target_run_id(draft: CommitDraft) -> str | None:
@@ -98,18 +105,37 @@ def _target_run_id(draft: CommitDraft) -> str | None:
     return next((e.run_id for e in draft.events if isinstance(e, ReconciliationRecorded)), None)
 
 
+def _move_head(draft: CommitDraft) -> ThreadHead:
+    """Advance the thread's version from ``expected_version`` by one, taking its row lock.
+
+    A conditional update that must change exactly one row: zero means another process got
+    there first (or there is no such thread).
+    """
+    table = Thread._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET version = %s WHERE id = %s AND version = %s "
+            "RETURNING active_run_id",
+            [draft.expected_version + 1, draft.thread_id, draft.expected_version],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        actual = read_head(draft.thread_id).version  # raises NotFound for no thread
+        raise VersionConflict(expected=draft.expected_version, actual=actual)
+    return ThreadHead(
+        thread_id=draft.thread_id, version=draft.expected_version, active_run_id=row[0]
+    )
+
+
 def _commit(draft: CommitDraft, lease: Lease | None) -> Committed:
-    head = read_head(draft.thread_id, lock=True)
+    head = _move_head(draft)
     target = _target_run_id(draft)
     before = read_run(target) if target else None
     new_head, run = apply_commit(head, before, draft)
     now = timezone.now()
     seq = new_head.version
-    moved = Thread.objects.filter(id=draft.thread_id, version=draft.expected_version).update(
-        version=seq, active_run_id=new_head.active_run_id
-    )
-    if moved != 1:  # another process got there first
-        raise VersionConflict(expected=draft.expected_version)
+    if new_head.active_run_id != head.active_run_id:
+        Thread.objects.filter(id=draft.thread_id).update(active_run_id=new_head.active_run_id)
     if draft.run_id is not None and run is not None:
         _write_run(run, before, draft, seq, now, lease)
     ThreadCommit.objects.create(
@@ -138,8 +164,10 @@ def _commit(draft: CommitDraft, lease: Lease | None) -> Committed:
             for i, m in enumerate(draft.messages)
         )
     _write_reconciliations(draft, seq)
-    runnable = run is not None and run.state is RunState.RUNNING and (
-        before is None or before.state is not RunState.RUNNING
+    runnable = (
+        run is not None
+        and run.state is RunState.RUNNING
+        and (before is None or before.state is not RunState.RUNNING)
     )
     if runnable and connection.vendor == "postgresql":
         with connection.cursor() as cursor:  # delivered by PostgreSQL only when we commit
@@ -158,7 +186,10 @@ def _commit(draft: CommitDraft, lease: Lease | None) -> Committed:
 def _announce(notice: CommitNotice) -> None:
     log.info(
         "commit thread=%s seq=%s run=%s state=%s",
-        notice.thread_id, notice.seq, notice.run_id, notice.state,
+        notice.thread_id,
+        notice.seq,
+        notice.run_id,
+        notice.state,
     )
     commit_announced.send_robust(sender=CommitNotice, notice=notice)
 

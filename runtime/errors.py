@@ -30,7 +30,11 @@ class IllegalTransition(RuntimeFault):
     def __init__(self, machine: str, from_: str, to: str, why: str, **detail: Any) -> None:
         super().__init__(
             f"{machine}: {from_} -> {to} is not allowed: {why}",
-            machine=machine, from_state=from_, to_state=to, why=why, **detail,
+            machine=machine,
+            from_state=from_,
+            to_state=to,
+            why=why,
+            **detail,
         )
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from runtime.signals import CommitNotice
@@ -19,30 +19,74 @@ from runtime.signals import CommitNotice
 log = logging.getLogger("runtime.live")
 
 ALL_RUNS_GROUP = "live_runs"
-_pending: set[asyncio.Task] = set()  # keeps fire-and-forget sends alive until they finish
 
 
 def run_group(run_id: str) -> str:
     return f"live_run_{run_id}"
 
 
-def _send(group: str, message: dict[str, Any]) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
+class _Publisher:
+    """Hands messages to one event loop that sends them in order, so a commit or a Delta
+    never waits on the channel layer.
+
+    The loop is the one that serves live viewers when this process has them (``bind``,
+    called by the consumers: the in-memory layer only works within one loop), else a private
+    loop on a daemon thread (a worker process publishing through Redis).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.queue: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
+
+    def bind(self) -> None:
+        """Send from the running loop from now on (call it on the loop viewers live on)."""
         loop = asyncio.get_running_loop()
-    except RuntimeError:
-        loop = None
-    try:
-        if loop is None:
-            async_to_sync(layer.group_send)(group, message)
-        else:  # called from code already on an event loop: send without blocking it
-            task = loop.create_task(layer.group_send(group, message))
-            _pending.add(task)
-            task.add_done_callback(_pending.discard)
-    except Exception:  # the live stream is best-effort by design
-        log.warning("live send to %s failed", group, exc_info=True)
+        with self.lock:
+            if self.loop is loop:
+                return
+            self.loop, self.queue = loop, asyncio.Queue()
+            loop.create_task(self._drain(self.queue))
+
+    def _start_private_loop(self) -> None:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self.loop, self.queue = loop, asyncio.Queue()
+            loop.create_task(self._drain(self.queue))
+            ready.set()
+            loop.run_forever()
+
+        threading.Thread(target=run, name="live-publisher", daemon=True).start()
+        ready.wait()
+
+    async def _drain(self, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
+        while True:
+            group, message = await queue.get()
+            layer = get_channel_layer()
+            try:
+                if layer is not None:
+                    await layer.group_send(group, message)
+            except Exception:  # the live stream is best-effort by design
+                log.warning("live send to %s failed", group, exc_info=True)
+
+    def send(self, group: str, message: dict[str, Any]) -> None:
+        with self.lock:
+            if self.loop is None or self.loop.is_closed():
+                self._start_private_loop()
+            loop, queue = self.loop, self.queue
+        assert loop is not None and queue is not None
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (group, message))
+        except RuntimeError:  # the loop closed between the check and the call
+            log.warning("live send to %s dropped: its loop is closed", group)
+
+
+_publisher = _Publisher()
+bind_to_running_loop = _publisher.bind
+_send = _publisher.send
 
 
 def publish_delta(run_id: str, *, step: int, attempt: int, delta: dict[str, Any]) -> None:

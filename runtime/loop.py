@@ -192,8 +192,11 @@ class RunDriver:
             )
             for m in MessageRecord.objects.filter(thread_id=run.thread_id).order_by("seq", "idx")
         )
-        extra = [m for answer in call_hooks(agent.plugins, "before_inference", run, committed)
-                 for m in (answer or ())]
+        extra = [
+            m
+            for answer in call_hooks(agent.plugins, "before_inference", run, committed)
+            for m in (answer or ())
+        ]
         return InferenceRequest(
             model=agent.provider.model,
             instructions=agent.instructions,
@@ -244,8 +247,12 @@ class RunDriver:
                     raise
                 pause = exc.retry_after if exc.retry_after is not None else backoff
                 backoff *= 2
-                log.info("run %s: retryable model error (%s); retry in %.2fs",
-                         self.run_id, exc.message, pause)
+                log.info(
+                    "run %s: retryable model error (%s); retry in %.2fs",
+                    self.run_id,
+                    exc.message,
+                    pause,
+                )
                 self.sleep(pause)
 
     def sleep(self, seconds: float) -> None:
@@ -279,9 +286,11 @@ class RunDriver:
                 first[0] = False
                 crash_point("inference_streaming")
 
-        checkpoint = StreamCheckpoint.objects.filter(run_id=self.run_id, step=step).values(
-            "text", "tool_calls"
-        ).first()
+        checkpoint = (
+            StreamCheckpoint.objects.filter(run_id=self.run_id, step=step)
+            .values("text", "tool_calls")
+            .first()
+        )
         return InferenceContext(
             run_id=self.run_id,
             step=step,
@@ -383,9 +392,7 @@ class RunDriver:
         else:
             self.execute(agent, call, 1, tool=tool, arguments=arguments)
 
-    def wait(
-        self, call: ToolCall, kind: TicketKind, request: dict[str, Any], schema: Any
-    ) -> None:
+    def wait(self, call: ToolCall, kind: TicketKind, request: dict[str, Any], schema: Any) -> None:
         ticket = ResumeTicket(
             id=uuid.uuid4().hex,
             run_id=self.run_id,
@@ -419,7 +426,9 @@ class RunDriver:
             self.seal(call, f"{cause}; {decision.reason}" if cause else decision.reason)
 
     def seal(self, call: ToolCall, reason: str) -> None:
-        self.commit(Disposition.running(), (CallIndeterminate(call_id=call.call_id, reason=reason),))
+        self.commit(
+            Disposition.running(), (CallIndeterminate(call_id=call.call_id, reason=reason),)
+        )
 
     def context(self, call: ToolCall, attempt: int) -> ToolContext:
         return ToolContext(
@@ -506,10 +515,14 @@ class RunDriver:
                 )
                 if not still_ours:
                     LateEvidence.objects.create(
-                        call_id=call.call_id, result=result, is_error=is_error,
+                        call_id=call.call_id,
+                        result=result,
+                        is_error=is_error,
                         worker=self.worker_id,
                     )
-                    log.info("run %s: late result for %s kept as evidence", self.run_id, call.call_id)
+                    log.info(
+                        "run %s: late result for %s kept as evidence", self.run_id, call.call_id
+                    )
                     if fenced:
                         raise
                     return

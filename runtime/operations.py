@@ -134,6 +134,8 @@ def _answered(
     """
     if key is None:
         return act()
+    if not 0 < len(key) <= 200:
+        raise InvalidCommit("an idempotency key has 1 to 200 characters")
     digest = _request_hash(payload)
 
     def first_answer() -> dict[str, Any] | None:

@@ -66,13 +66,13 @@ def claim(worker_id: str) -> Claim | None:
     return Claim(row["id"], Lease(worker_id=worker_id, epoch=epoch, ttl=ttl), row["claims"] + 1)
 
 
-def renew(lease: Lease, run_id: str) -> bool:
-    """Extend the lease; False when another worker has taken the run over."""
-    return (
-        Run.objects.filter(id=run_id, lease_owner=lease.worker_id, lease_epoch=lease.epoch)
-        .update(lease_expires_at=timezone.now() + lease.ttl)
-        == 1
-    )
+def renew(lease: Lease, run_id: str) -> str:
+    """Extend the lease of a Running run. Return "held", "ended" (another writer moved the
+    run out of Running: an operator's cancel) or "lost" (another worker took it over)."""
+    mine = Run.objects.filter(id=run_id, lease_owner=lease.worker_id, lease_epoch=lease.epoch)
+    if mine.filter(state="running").update(lease_expires_at=timezone.now() + lease.ttl):
+        return "held"
+    return "ended" if mine.exists() else "lost"
 
 
 def release(lease: Lease, run_id: str, *, graceful: bool = False) -> None:
@@ -90,21 +90,32 @@ def release(lease: Lease, run_id: str, *, graceful: bool = False) -> None:
 
 
 class Heartbeat(threading.Thread):
-    """Renews one lease every RUNTIME_HEARTBEAT_SECONDS until stopped or lost."""
+    """Renews one lease every RUNTIME_HEARTBEAT_SECONDS; ``stop_driving`` is set when the
+    lease is lost or the run left Running behind the owner's back (so that a replay-safe call
+    in flight is abandoned at once)."""
 
     def __init__(self, claim: Claim) -> None:
         super().__init__(name=f"heartbeat-{claim.run_id}", daemon=True)
         self.claim = claim
         self.done = threading.Event()
-        self.lost = threading.Event()
+        self.stop_driving = threading.Event()
+        self.lost = False
 
     def run(self) -> None:
         try:
             while not self.done.wait(conf.heartbeat_seconds()):
-                if not renew(self.claim.lease, self.claim.run_id):
-                    log.warning("run %s: lease lost", self.claim.run_id)
-                    self.lost.set()
-                    return
+                status = renew(self.claim.lease, self.claim.run_id)
+                if status == "held":
+                    continue
+                if not self.done.is_set():
+                    log.warning(
+                        "run %s: %s",
+                        self.claim.run_id,
+                        "lease lost" if status == "lost" else "ended by another writer",
+                    )
+                self.lost = status == "lost"
+                self.stop_driving.set()
+                return
         finally:
             connection.close()
 
@@ -159,8 +170,12 @@ class Worker:
         if taken.claims > conf.poison_claims():
             reason = f"the run stopped {taken.claims - 1} workers without a commit"
             log.error("run %s: poison run; ending it: %s", taken.run_id, reason)
-            end_run(taken.run_id, EndCause.INDETERMINATE, actor=f"worker:{self.worker_id}",
-                    reason=reason)
+            end_run(
+                taken.run_id,
+                EndCause.INDETERMINATE,
+                actor=f"worker:{self.worker_id}",
+                reason=reason,
+            )
             return True
         beat = Heartbeat(taken)
         beat.start()
@@ -169,7 +184,7 @@ class Worker:
             drive(
                 taken.run_id,
                 lease=taken.lease,
-                should_stop=lambda: self.stopping.is_set() or beat.lost.is_set(),
+                should_stop=lambda: self.stopping.is_set() or beat.stop_driving.is_set(),
             )
             graceful = True
         except LeaseLost:
@@ -178,7 +193,8 @@ class Worker:
             log.exception("run %s: driving failed; the run is left to recovery", taken.run_id)
         finally:
             beat.done.set()
-            if not beat.lost.is_set():
+            beat.join()
+            if not beat.lost:
                 release(taken.lease, taken.run_id, graceful=graceful)
         return True
 

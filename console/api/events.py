@@ -29,12 +29,13 @@ from console.api.documents import commit_document, ends_run
 from console.api.errors import errors
 from console.api.schemas import MAX_SEQ, Id
 from runtime.errors import NotFound
-from runtime.live import run_group
+from runtime.live import bind_to_running_loop, run_group
 from runtime.models import Run, ThreadCommit
 
 router = Router(tags=["runs"])
 
 POLL_SECONDS = 0.25  # the longest a commit from another process waits to be seen
+DRAIN_SECONDS = 0.05  # before the Ended commit: the wait for a delta still in transit
 KEEPALIVE_SECONDS = 15.0  # a comment line keeps proxies from closing an idle stream
 BATCH = 200  # commits read per query while catching up
 # Reads run through sync_to_async in the request's own thread, which keeps one connection for
@@ -73,16 +74,37 @@ def _commits_after(run_id: str, cursor: int) -> list[dict[str, Any]]:
     return [commit_document(row) for row in rows]
 
 
-async def _receive(
-    layer: BaseChannelLayer | None, channel: str | None, timeout: float
-) -> dict[str, Any] | None:
-    if layer is None or channel is None:
-        await asyncio.sleep(timeout)
-        return None
-    try:
-        return await asyncio.wait_for(layer.receive(channel), timeout)
-    except TimeoutError:
-        return None
+class _Inbox:
+    """The stream's channel, read with a timeout that never cancels a receive: channels_redis
+    loses the message a cancelled ``receive`` was taking, so one receive stays pending from one
+    wait to the next and is cancelled only when the stream ends."""
+
+    def __init__(self, layer: BaseChannelLayer | None, channel: str | None) -> None:
+        self.layer, self.channel = layer, channel
+        self.pending: asyncio.Future[Any] | None = None
+
+    async def receive(self, timeout: float) -> dict[str, Any] | None:
+        if self.layer is None or self.channel is None:
+            await asyncio.sleep(timeout)
+            return None
+        if self.pending is None:
+            self.pending = asyncio.ensure_future(self.layer.receive(self.channel))
+        done, _ = await asyncio.wait((self.pending,), timeout=timeout)
+        if not done:
+            return None
+        task, self.pending = self.pending, None
+        return task.result()
+
+    async def close(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+            await asyncio.wait((self.pending,))
+            self.pending = None
+
+
+def _delta_event(message: dict[str, Any]) -> str:
+    delta = {k: v for k, v in message.items() if k != "type"}
+    return sse(event="delta", data={**delta, "confirmed": False})
 
 
 async def stream_run(
@@ -94,9 +116,11 @@ async def stream_run(
     layer = get_channel_layer()
     group, channel = run_group(run_id), None
     if layer is not None:
+        bind_to_running_loop()  # this process's live sends go to the loop viewers are on
         # Join before the first read, so a commit landing in between still wakes us.
         channel = await layer.new_channel()
         await layer.group_add(group, channel)
+    inbox = _Inbox(layer, channel)
     try:
         yield f"retry: {RETRY_MS}\n\n"
         stale, next_poll, next_keepalive = True, 0.0, loop.time() + KEEPALIVE_SECONDS
@@ -106,6 +130,13 @@ async def stream_run(
                 while True:
                     commits = await _commits_after(run_id, cursor)
                     for commit in commits:
+                        if live and ends_run(commit):
+                            # The Ended commit closes the stream: first pass on the deltas that
+                            # were sent before it and are still queued on the channel (the
+                            # answer's last tokens), or they would never be delivered.
+                            while queued := await inbox.receive(DRAIN_SECONDS):
+                                if queued.get("type") == "run.delta":
+                                    yield _delta_event(queued)
                         cursor = commit["seq"]
                         yield sse(event="commit", id=cursor, data={**commit, "confirmed": True})
                         if ends_run(commit):
@@ -124,15 +155,15 @@ async def stream_run(
             wake = min(next_poll, next_keepalive)
             if deadline is not None:
                 wake = min(wake, deadline)
-            message = await _receive(layer, channel, max(wake - now, 0.0))
+            message = await inbox.receive(max(wake - now, 0.0))
             if message is None:
                 continue
             if message.get("type") == "run.commit":
                 stale = True
             elif message.get("type") == "run.delta" and live:
-                delta = {k: v for k, v in message.items() if k != "type"}
-                yield sse(event="delta", data={**delta, "confirmed": False})
+                yield _delta_event(message)
     finally:
+        await inbox.close()
         if layer is not None and channel is not None:
             await layer.group_discard(group, channel)
 

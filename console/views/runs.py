@@ -43,13 +43,15 @@ def _parse_cursor(raw: str) -> tuple[datetime, str] | None:
 
 
 def _counts() -> dict[str, Any]:
-    states = dict(Run.objects.values_list("state").annotate(n=Count("id")).order_by())
-    causes = dict(
-        Run.objects.filter(state="ended")
-        .values_list("end_cause")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+    """Runs per state and per end cause: one COUNT(*) grouped by (state, end_cause), which
+    PostgreSQL answers from the ``run_state_cause`` index without reading the run rows."""
+    states: dict[str, int] = {}
+    causes: dict[str, int] = {}
+    rows = Run.objects.values_list("state", "end_cause").annotate(n=Count("*")).order_by()
+    for state, cause, n in rows:
+        states[state] = states.get(state, 0) + n
+        if state == "ended":
+            causes[cause] = causes.get(cause, 0) + n
     return {
         "total": sum(states.values()),
         "states": [(s, states.get(s, 0)) for s in STATES],
@@ -150,7 +152,9 @@ def run_context(run_id: str) -> dict[str, Any]:
             call["attempts"] = attempts.get(call["call_id"], [])
     latest = next((c for c in reversed(log) if c.run_id == run_id), None)
     tickets = list(
-        Ticket.objects.filter(run_id=run_id).select_related("call").order_by("opened_seq")
+        Ticket.objects.filter(run_id=run_id)
+        .select_related("call", "run")  # the open ticket's card shows its run's agent
+        .order_by("opened_seq")
     )
     open_ticket = next((t for t in tickets if t.state == "open"), None)
     reconciliations = list(

@@ -106,7 +106,9 @@ def _check_in_order(run: RunView, call: ToolCall) -> None:
     earlier = [c for c in batch.calls if c.index < call.index and not c.phase.terminal]
     if earlier and call.phase is CallPhase.REQUESTED:
         raise IllegalTransition(
-            "tool call", call.phase.value, "started",
+            "tool call",
+            call.phase.value,
+            "started",
             f"call {earlier[0].index} must finish first (calls run in order)",
             call_id=call.call_id,
         )
@@ -134,6 +136,7 @@ def _apply_event(run: RunView, event: Event) -> RunView:  # noqa: C901 - one bra
             return _resume(run, event)
         case CallCompleted(call_id=call_id, result=result, is_error=is_error):
             call = _open_call(run, call_id)
+            _check_in_order(run, call)
             if call.phase is CallPhase.AWAITING and call.approved:
                 raise t._refuse(call, CallPhase.COMPLETED, "an approved call must execute first")
             return _replace_call(run, t.complete(call, result, is_error=is_error))
@@ -162,9 +165,9 @@ def _open_batch(run: RunView, step: int, calls: tuple[ToolCall, ...]) -> RunView
     for index, call in enumerate(calls):
         if call.index != index or call.phase is not CallPhase.REQUESTED or call.attempt:
             raise InvalidCommit("a new batch lists its calls in order, all Requested")
-    if len({c.call_id for c in calls}) != len(calls) or len(
-        {c.operation_id for c in calls}
-    ) != len(calls):
+    if len({c.call_id for c in calls}) != len(calls) or len({c.operation_id for c in calls}) != len(
+        calls
+    ):
         raise InvalidCommit("call ids and operation ids are unique within a batch")
     # A call id or operation id seen before would request an old call again (even one that
     # was Executing): refuse it here rather than at the projection's unique index.
@@ -404,7 +407,9 @@ def ending(run: RunView, reason: str) -> tuple[tuple[Event, ...], tuple[Message,
         call = sealed.call(event.call_id)
         assert call is not None
         new = t.seal_indeterminate(call, reason)
-        sealed = replace(sealed, calls=tuple(new if c.call_id == new.call_id else c for c in sealed.calls))
+        sealed = replace(
+            sealed, calls=tuple(new if c.call_id == new.call_id else c for c in sealed.calls)
+        )
     events.append(BatchFinalized(step=batch.step))
     return tuple(events), publication(sealed)
 
@@ -442,7 +447,9 @@ def fold(thread_id: str, commits: Iterable[tuple[int, CommitDraft]]) -> FoldedTh
     state = FoldedThread(head=ThreadHead(thread_id=thread_id))
     for seq, draft in commits:
         if seq != state.head.version + 1:
-            raise InvalidCommit(f"sequence {seq} does not follow {state.head.version}", sequence=seq)
+            raise InvalidCommit(
+                f"sequence {seq} does not follow {state.head.version}", sequence=seq
+            )
         target = draft.run_id or next(
             (e.run_id for e in draft.events if isinstance(e, ReconciliationRecorded)), None
         )
@@ -456,8 +463,16 @@ def fold(thread_id: str, commits: Iterable[tuple[int, CommitDraft]]) -> FoldedTh
             state.runs[run.run_id] = run
         state.messages.extend((seq, draft.run_id, m) for m in draft.messages)
         state.reconciliations.extend(
-            (seq, Reconciliation(call_id=e.call_id, run_id=e.run_id, outcome=e.outcome,
-                                 evidence=e.evidence, actor=draft.actor))
+            (
+                seq,
+                Reconciliation(
+                    call_id=e.call_id,
+                    run_id=e.run_id,
+                    outcome=e.outcome,
+                    evidence=e.evidence,
+                    actor=draft.actor,
+                ),
+            )
             for e in draft.events
             if isinstance(e, ReconciliationRecorded)
         )

@@ -138,11 +138,13 @@ class Disposition:
         if self.state is RunState.AWAITING and self.ticket is None:
             raise InvalidDisposition("an Awaiting disposition must carry its ResumeTicket")
         if self.state is not RunState.AWAITING and self.ticket is not None:
-            raise InvalidDisposition(f"a {self.state.value} disposition cannot carry a ticket")
+            raise InvalidDisposition(f"a disposition of {self.state.value} cannot carry a ticket")
         if self.state is RunState.ENDED and self.end_cause is None:
             raise InvalidDisposition("an Ended disposition must carry its EndCause")
         if self.state is not RunState.ENDED and (self.end_cause or self.error):
-            raise InvalidDisposition(f"a {self.state.value} disposition cannot carry an EndCause")
+            raise InvalidDisposition(
+                f"a disposition of {self.state.value} cannot carry an EndCause"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

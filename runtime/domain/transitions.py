@@ -113,10 +113,7 @@ def seal_indeterminate(call: ToolCall, reason: str) -> ToolCall:
             "retrying."
         )
     else:
-        text = (
-            f"Not executed: {reason}. The call never started (operation id "
-            f"{call.operation_id})."
-        )
+        text = f"Not executed: {reason}. The call never started (operation id {call.operation_id})."
     return replace(
         call, phase=I, result=text, is_error=True, approved=False, effect_may_have_started=started
     )

@@ -90,6 +90,28 @@ def test_runs_list_query_count_does_not_grow_with_rows(
         operator.get(reverse("console:runs"), headers=HX)
 
 
+def test_run_page_query_count_does_not_grow_with_commits_calls_or_tickets(
+    operator, new_run, django_assert_num_queries
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    small = new_run()
+    with CaptureQueriesContext(connection) as few:
+        operator.get(reverse("console:run", args=[small.run_id]))
+    big = new_run()
+    specs = [{"name": "ledger_once", "arguments": {"key": f"k-{i}"}} for i in range(4)]
+    calls = big.open_batch(*specs, {"name": "ledger_approval", "permission": "ask"})
+    for call in calls[:4]:
+        big.execute(call)
+        big.complete(call, "ok")
+    big.await_ticket(calls[4], "approval")  # an open ticket: its card shows the run's agent
+    with django_assert_num_queries(len(few.captured_queries)):
+        response = operator.get(reverse("console:run", args=[big.run_id]))
+    assert response.context["open_ticket"] is not None
+    assert len(response.context["log"]) == 11
+
+
 def test_run_page_shows_committed_state(operator, approval_run):
     run, ticket_id = approval_run
     response = operator.get(reverse("console:run", args=[run.run_id]))

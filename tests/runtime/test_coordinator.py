@@ -111,7 +111,7 @@ def test_a_step_commit_takes_a_fixed_number_of_queries(make_run, drive, django_a
     drive(drafts.infer_text, run.run_id)
     head, view = read_head(run.thread_id), read_run(run.run_id)
     draft = drafts.infer_text(head, view)
-    with django_assert_num_queries(8):
+    with django_assert_num_queries(7):
         commit(draft)
 
 
@@ -289,8 +289,8 @@ def _reconciling_a_call_that_is_not_indeterminate(ctx):
 
 REFUSALS = [
     (_awaiting_without_ticket, InvalidDisposition, "must carry its ResumeTicket"),
-    (_running_with_ticket, InvalidDisposition, "running disposition cannot carry a ticket"),
-    (_ended_with_ticket, InvalidDisposition, "disposition cannot carry a ticket"),
+    (_running_with_ticket, InvalidDisposition, "disposition of running cannot carry a ticket"),
+    (_ended_with_ticket, InvalidDisposition, "disposition of ended cannot carry a ticket"),
     (_ended_without_cause, InvalidDisposition, "must carry its EndCause"),
     (_running_with_cause, InvalidDisposition, "cannot carry an EndCause"),
     (_no_disposition, InvalidDisposition, "carries its RunDisposition"),

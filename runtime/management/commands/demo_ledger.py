@@ -35,4 +35,3 @@ class Command(BaseCommand):
             return
         for e in effects:
             self.stdout.write(f"{e['operation_id']} {e['tool']} key={e['key']} x{e['applied']}")
-

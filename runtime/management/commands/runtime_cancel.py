@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+
 from django.core.management.base import BaseCommand, CommandError
 
 from runtime.errors import RuntimeFault
@@ -17,7 +19,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, run_id, reason, **options):
         try:
-            document = cancel(run_id, actor="cli", reason=reason)
+            document = cancel(run_id, actor=f"cli:{getpass.getuser()}", reason=reason)
         except RuntimeFault as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from exc
         self.stdout.write(f"run {run_id}: {document['state']} ({document['end_cause']})")

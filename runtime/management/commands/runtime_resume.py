@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 
 from django.core.management.base import BaseCommand, CommandError
@@ -26,8 +27,9 @@ class Command(BaseCommand):
         parser.add_argument("--reason", default="")
         parser.add_argument("--idempotency-key")
 
-    def handle(self, *args, run_id, ticket, approve, deny, input, reason, idempotency_key,
-               **options):
+    def handle(
+        self, *args, run_id, ticket, approve, deny, input, reason, idempotency_key, **options
+    ):
         if input is not None:
             try:
                 value = json.loads(input)
@@ -46,7 +48,9 @@ class Command(BaseCommand):
             reason=reason,
         )
         try:
-            document = resume(run_id, command, actor="cli", idempotency_key=idempotency_key)
+            document = resume(
+                run_id, command, actor=f"cli:{getpass.getuser()}", idempotency_key=idempotency_key
+            )
         except RuntimeFault as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from exc
         crash_point("resume_committed")

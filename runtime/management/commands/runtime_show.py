@@ -41,4 +41,3 @@ class Command(BaseCommand):
                     f"    [{call['index']}] {call['name']} {call['phase']} "
                     f"attempt={call['attempt']} op={call['operation_id']}"
                 )
-

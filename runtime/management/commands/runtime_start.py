@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 
 from django.core.management.base import BaseCommand, CommandError
@@ -27,8 +28,13 @@ class Command(BaseCommand):
         if not isinstance(meta, dict):
             raise CommandError("--metadata must be a JSON object")
         try:
-            run_id = start_run(agent=agent, input=input, metadata=meta, thread_id=thread,
-                               actor="cli")
+            run_id = start_run(
+                agent=agent,
+                input=input,
+                metadata=meta,
+                thread_id=thread,
+                actor=f"cli:{getpass.getuser()}",
+            )
         except RuntimeFault as exc:
             raise CommandError(f"{exc.code}: {exc.message} {exc.detail or ''}") from exc
         self.stdout.write(run_id)

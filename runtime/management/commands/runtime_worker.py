@@ -14,11 +14,16 @@ class Command(BaseCommand):
     help = "Claim runnable runs and drive them. First SIGTERM/SIGINT stops gracefully."
 
     def add_arguments(self, parser):
-        parser.add_argument("--until-idle", action="store_true",
-                            help="exit 0 once no run is Running")
+        parser.add_argument(
+            "--until-idle", action="store_true", help="exit 0 once no run is Running"
+        )
         parser.add_argument("--worker-id", help="this worker's id (default host:pid)")
-        parser.add_argument("--concurrency", type=int, default=1,
-                            help="runs driven at once, each on its own thread (default 1)")
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=1,
+            help="runs driven at once, each on its own thread (default 1)",
+        )
 
     def handle(self, *args, until_idle, worker_id, concurrency, **options):
         if concurrency < 1:
