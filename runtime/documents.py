@@ -55,7 +55,7 @@ def run_document(run_id: str) -> dict[str, Any]:
     None), batches (with every call), messages (this run's committed messages), created_at,
     committed_at. Raises NotFound for an unknown id.
     """
-    run = Run.objects.filter(id=run_id).first()
+    run = Run.objects.defer("snapshot").filter(id=run_id).first()  # the document lists calls
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
     calls = list(ToolCallRecord.objects.filter(run_id=run_id).order_by("step", "index"))

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import close_old_connections, connection
+from django.db import close_old_connections
 
 from runtime import conf, live
 from runtime.agents import Agent, get_agent
@@ -81,6 +84,30 @@ class Outcome:
     failure: str | None = None  # set when the attempt's outcome cannot be classified
 
 
+class ToolThread:
+    """A daemon thread that runs tool calls one at a time and keeps its database connection
+    between them. A driver waits on it and may stop waiting (abandon) when the worker stops;
+    being a daemon, a call still in flight never holds the process up."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="tools", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            job, future = self.jobs.get()
+            close_old_connections()
+            try:
+                future.set_result(job())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def submit(self, job: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        self.jobs.put((job, future))
+        return future
+
+
 class RunDriver:
     """Drives one run for one worker while it holds ``lease``.
 
@@ -88,8 +115,16 @@ class RunDriver:
     without committing anything more (a replay-safe tool in flight is abandoned).
     """
 
-    def __init__(self, run_id: str, *, lease: Lease, should_stop: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        lease: Lease,
+        should_stop: Callable[[], bool],
+        tools: ToolThread | None = None,
+    ) -> None:
         self.run_id = run_id
+        self.tools = tools or ToolThread()
         self.lease = lease
         self.worker_id = lease.worker_id
         self.should_stop = should_stop
@@ -151,9 +186,12 @@ class RunDriver:
                 self.act(agent, action)
             except VersionConflict:
                 log.info("run %s: another writer committed first; reloading", self.run_id)
+                run = self.reload()
+                continue
             except Abandon:
                 return
-            run = self.reload()
+            assert self.run is not None
+            run = self.run  # each commit returned the state it made
 
     def act(self, agent: Agent, action: rec.Action) -> None:
         match action:
@@ -469,28 +507,25 @@ class RunDriver:
             self.recover(agent, current, cause=f"the tool failed: {outcome.failure}")
 
     def run_tool(self, tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> Outcome:
-        """Run the tool in its own thread so that a stopping worker can abandon a replay-safe
-        call; any other call is waited for (its effect is in flight)."""
-        box: dict[str, Outcome] = {}
+        """Run the tool on the tool thread so that a stopping worker can abandon a
+        replay-safe call; any other call is waited for (its effect is in flight)."""
 
-        def target() -> None:
+        def attempt() -> Outcome:
             try:
-                box["outcome"] = Outcome(result=tool.run(ctx, arguments))
+                return Outcome(result=tool.run(ctx, arguments))
             except ToolError as exc:
-                box["outcome"] = Outcome(result=str(exc) or type(exc).__name__, is_error=True)
+                return Outcome(result=str(exc) or type(exc).__name__, is_error=True)
             except Exception as exc:  # the tool's own bug or an unknown downstream failure
                 log.warning("tool %s raised", tool.name, exc_info=True)
-                box["outcome"] = Outcome(failure=f"{type(exc).__name__}: {exc}")
-            finally:
-                connection.close()
+                return Outcome(failure=f"{type(exc).__name__}: {exc}")
 
-        thread = threading.Thread(target=target, name=f"tool-{tool.name}", daemon=True)
-        thread.start()
-        while thread.is_alive():
-            thread.join(0.05)
-            if thread.is_alive() and self.should_stop() and tool.policy is RecoveryPolicy.REPLAY:
-                raise Abandon()
-        return box["outcome"]
+        future = self.tools.submit(attempt)
+        while True:
+            try:
+                return future.result(timeout=0.05)
+            except FutureTimeout:
+                if self.should_stop() and tool.policy is RecoveryPolicy.REPLAY:
+                    raise Abandon() from None
 
     def finish(self, agent: Agent, call: ToolCall, result: str, is_error: bool) -> None:
         """Commit the terminal result; keep it as evidence if the call was sealed meanwhile."""
@@ -529,7 +564,13 @@ class RunDriver:
         raise VersionConflict(run_id=self.run_id)
 
 
-def drive(run_id: str, *, lease: Lease, should_stop: Callable[[], bool]) -> None:
+def drive(
+    run_id: str,
+    *,
+    lease: Lease,
+    should_stop: Callable[[], bool],
+    tools: ToolThread | None = None,
+) -> None:
     """Drive ``run_id`` from its committed frontier (see RunDriver)."""
     close_old_connections()
-    RunDriver(run_id, lease=lease, should_stop=should_stop).drive()
+    RunDriver(run_id, lease=lease, should_stop=should_stop, tools=tools).drive()

@@ -24,7 +24,7 @@ from runtime import conf
 from runtime.coordinator import WAKE_CHANNEL, Lease
 from runtime.domain.model import EndCause
 from runtime.errors import LeaseLost
-from runtime.loop import drive
+from runtime.loop import ToolThread, drive
 from runtime.models import Run
 from runtime.operations import end_run
 from runtime.signals import commit_announced
@@ -160,8 +160,11 @@ class Worker:
 
     # -- the loops --------------------------------------------------------------------------
 
-    def step(self) -> bool:
-        """Claim one runnable run and drive it; return whether there was work."""
+    def step(self, tools: ToolThread | None = None) -> bool:
+        """Claim one runnable run and drive it; return whether there was work.
+
+        ``tools`` is the loop's tool thread (one per loop, so tool calls reuse a connection).
+        """
         close_old_connections()
         taken = claim(self.worker_id)
         if taken is None:
@@ -185,6 +188,7 @@ class Worker:
                 taken.run_id,
                 lease=taken.lease,
                 should_stop=lambda: self.stopping.is_set() or beat.stop_driving.is_set(),
+                tools=tools,
             )
             graceful = True
         except LeaseLost:
@@ -203,9 +207,10 @@ class Worker:
         return not Run.objects.filter(state="running").exists()
 
     def loop(self) -> None:
+        tools = ToolThread()
         try:
             while not self.stopping.is_set():
-                if self.step():
+                if self.step(tools):
                     continue
                 if self.until_idle and self.idle():
                     return

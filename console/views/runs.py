@@ -154,6 +154,7 @@ def run_context(run_id: str) -> dict[str, Any]:
     tickets = list(
         Ticket.objects.filter(run_id=run_id)
         .select_related("call", "run")  # the open ticket's card shows its run's agent
+        .defer("run__snapshot")  # the folded RunView grows with the run; not shown here
         .order_by("opened_seq")
     )
     open_ticket = next((t for t in tickets if t.state == "open"), None)

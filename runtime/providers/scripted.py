@@ -2,8 +2,9 @@
 
 Script shape (DESIGN.md "Contracts"): ``{"steps": [step, ...]}`` where a step is
 ``{"text": "...", "chunks": N, "delay_ms": M}``,
-``{"tool_calls": [{"name", "arguments"}], "text"?}`` or ``{"error": "retryable" | "fatal", "times": N}``. An error step makes the *next* response
-fail that many attempts first (a fatal one fails for good). When the script runs out the model
+``{"tool_calls": [{"name", "arguments"}], "text"?}`` or
+``{"error": "retryable" | "fatal", "times": N}``. An error step makes the *next* response fail
+that many attempts first (a fatal one fails for good). When the script runs out the model
 answers ``FINAL_TEXT``.
 """
 

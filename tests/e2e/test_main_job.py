@@ -81,6 +81,7 @@ FAST = {
     "RUNTIME_IDLE_POLL_SECONDS": "0.05",
 }
 WAIT = 60.0  # the longest any one phase may take
+START_WAIT = 180.0  # scripts/start first reinstalls .venv when pyproject.toml changed
 
 
 def recorded_text(fixture: dict[str, Any]) -> str:
@@ -106,8 +107,13 @@ def normalised(body: dict[str, Any]) -> dict[str, Any]:
         m = dict(m)
         if m.get("tool_calls"):
             m["tool_calls"] = [
-                {**c, "function": {**c["function"], "arguments": json.loads(
-                    c["function"]["arguments"])}}
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": json.loads(c["function"]["arguments"]),
+                    },
+                }
                 for c in m["tool_calls"]
             ]
         messages.append(m)
@@ -176,7 +182,12 @@ class Process:
         self.out, self.err = log.with_suffix(".out"), log.with_suffix(".err")
         with self.out.open("wb") as stdout, self.err.open("wb") as stderr:
             self.popen = subprocess.Popen(
-                args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                args,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
                 start_new_session=True,
             )
 
@@ -248,7 +259,7 @@ class Product:
     def start(self, *extra: str) -> Process:
         """``./scripts/start [extra]``; return once the console answers."""
         server = self.spawn("start", ["./scripts/start", *extra])
-        deadline = time.monotonic() + WAIT
+        deadline = time.monotonic() + START_WAIT
         while time.monotonic() < deadline:
             if not server.alive():
                 pytest.fail(f"scripts/start exited:\n{server.stdout}\n{server.stderr}")
@@ -256,7 +267,7 @@ class Product:
                 if httpx.get(self.url + "/login/", timeout=2).status_code == 200:
                     return server
             time.sleep(0.2)
-        pytest.fail(f"scripts/start did not serve within {WAIT}s:\n{server.stderr}")
+        pytest.fail(f"scripts/start did not serve within {START_WAIT}s:\n{server.stderr}")
 
     def worker(
         self, name: str, *, crash_at: str | None = None, until_idle: bool = False
@@ -280,6 +291,12 @@ class Product:
         for process in reversed(self.processes):
             process.stop()
 
+    def report(self) -> None:
+        """Print each process's output tail (pytest shows it when the test failed)."""
+        for process in self.processes:
+            print(f"== {' '.join(process.args)} (exit {process.popen.returncode})")
+            print(process.stdout[-1500:], process.stderr[-3000:], sep="\n")
+
 
 def operator_credentials(server: Process) -> tuple[str, str]:
     """The first operator's account, as ``scripts/start`` printed it on its first run."""
@@ -293,16 +310,22 @@ def operator_credentials(server: Process) -> tuple[str, str]:
 # -- watching: the run document and the live event stream --------------------------------------
 
 
-def wait_for(read: Callable[[], dict[str, Any]], ok: Callable[[dict[str, Any]], bool],
-             what: str, timeout: float = WAIT) -> dict[str, Any]:
+def wait_for(
+    read: Callable[[], dict[str, Any]],
+    ok: Callable[[dict[str, Any]], bool],
+    what: str,
+    timeout: float = WAIT,
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         doc = read()
         if ok(doc):
             return doc
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}; last run document:\n"
-                        f"{json.dumps(doc, indent=1)[:4000]}")
+            pytest.fail(
+                f"timed out waiting for {what}; last run document:\n"
+                f"{json.dumps(doc, indent=1)[:4000]}"
+            )
         time.sleep(0.1)
 
 
@@ -327,7 +350,9 @@ class LiveEvents:
     def _read(self) -> None:
         try:
             with httpx.stream(
-                "GET", self.url, params={"live": "1"},
+                "GET",
+                self.url,
+                params={"live": "1"},
                 headers={"Authorization": f"Bearer {self.token}"},
                 timeout=httpx.Timeout(10, read=WAIT),
             ) as response:
@@ -353,7 +378,8 @@ class LiveEvents:
 
 @pytest.fixture
 def conversation() -> Iterator[Conversation]:
-    with Conversation() as server:
+    server = Conversation()
+    with server:
         yield server
     assert server.errors == [], "the replay server itself failed"
 
@@ -367,14 +393,29 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
         return
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("a worker process's live deltas need Redis: install redis-server or set "
-                    "RUNTIME_TEST_REDIS_URL")
+        pytest.skip(
+            "a worker process's live deltas need Redis: install redis-server or set "
+            "RUNTIME_TEST_REDIS_URL"
+        )
     port = free_port()
     with (tmp_path / "redis.log").open("wb") as log:
         redis = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-             "--appendonly", "no", "--dir", str(tmp_path)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(tmp_path),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
     try:
         deadline = time.monotonic() + 10
@@ -382,7 +423,8 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
                 break
             assert redis.poll() is None and time.monotonic() < deadline, (
-                f"redis-server did not start:\n{(tmp_path / 'redis.log').read_text()}")
+                f"redis-server did not start:\n{(tmp_path / 'redis.log').read_text()}"
+            )
             time.sleep(0.05)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
@@ -391,8 +433,9 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def product_factory(tmp_path: Path, conversation: Conversation) -> Iterator[
-        Callable[[str | None], Product]]:
+def product_factory(
+    tmp_path: Path, conversation: Conversation
+) -> Iterator[Callable[[str | None], Product]]:
     made: list[Product] = []
 
     def make(redis: str | None) -> Product:
@@ -402,6 +445,7 @@ def product_factory(tmp_path: Path, conversation: Conversation) -> Iterator[
     yield make
     for product in made:
         product.stop()
+        product.report()
 
 
 # -- the test -----------------------------------------------------------------------------------
@@ -411,8 +455,9 @@ VARIANTS = ["uninterrupted", "killed_mid_stream", "killed_after_executing"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_main_job_on_real_input(variant: str, request: pytest.FixtureRequest,
-                                product_factory, conversation: Conversation) -> None:
+def test_main_job_on_real_input(
+    variant: str, request: pytest.FixtureRequest, product_factory, conversation: Conversation
+) -> None:
     crashes = variant != "uninterrupted"
     product = product_factory(request.getfixturevalue("redis_url") if crashes else None)
     # The README's own command; with --no-worker the worker runs as separate processes.
@@ -420,7 +465,8 @@ def test_main_job_on_real_input(variant: str, request: pytest.FixtureRequest,
     username, password = operator_credentials(server)
     token = product.manage("runtime_token", username).strip()
     api = httpx.Client(
-        base_url=product.url + "/api/v1", headers={"Authorization": f"Bearer {token}"},
+        base_url=product.url + "/api/v1",
+        headers={"Authorization": f"Bearer {token}"},
         timeout=10,
     )
     request.addfinalizer(api.close)
@@ -459,7 +505,8 @@ def test_main_job_on_real_input(variant: str, request: pytest.FixtureRequest,
     ticket = awaiting["ticket"]
     assert ticket["kind"] == "approval" and ticket["call_id"] == call["call_id"]
     assert ticket["request"] == {
-        "tool": "multiply", "arguments": {"a": 1231, "b": 2331},
+        "tool": "multiply",
+        "arguments": {"a": 1231, "b": 2331},
         "operation_id": call["operation_id"],
     }
     assert [m["role"] for m in awaiting["messages"]] == ["user", "assistant"]
@@ -468,8 +515,10 @@ def test_main_job_on_real_input(variant: str, request: pytest.FixtureRequest,
 
     # -- watch live, approve through the API -----------------------------------------------------
     live = LiveEvents(f"{product.url}/api/v1/runs/{run_id}/events", token)
-    approved = api.post(f"/runs/{run_id}/resume", json={
-        "ticket_id": ticket["id"], "kind": "approval", "decision": "approve"})
+    approved = api.post(
+        f"/runs/{run_id}/resume",
+        json={"ticket_id": ticket["id"], "kind": "approval", "decision": "approve"},
+    )
     assert approved.status_code == 200, approved.text
     assert approved.json()["ticket"] is None
 
@@ -503,13 +552,19 @@ def test_main_job_on_real_input(variant: str, request: pytest.FixtureRequest,
         ("assistant", FINAL_TEXT, None),
     ]
     assert ended["messages"][1]["tool_calls"] == [
-        {"id": CALL_ID, "name": "multiply", "arguments": '{"a":1231,"b":2331}'}]
+        {"id": CALL_ID, "name": "multiply", "arguments": '{"a":1231,"b":2331}'}
+    ]
 
     # Executed exactly once, under the call's operation id.
-    assert product.ledger() == [{
-        "operation_id": call["operation_id"], "key": "1231*2331", "tool": "multiply",
-        "run_id": run_id, "applied": 1,
-    }]
+    assert product.ledger() == [
+        {
+            "operation_id": call["operation_id"],
+            "key": "1231*2331",
+            "tool": "multiply",
+            "run_id": run_id,
+            "applied": 1,
+        }
+    ]
 
     # -- what the model was sent -----------------------------------------------------------------
     expected_turns = {
@@ -534,15 +589,24 @@ def test_main_job_on_real_input(variant: str, request: pytest.FixtureRequest,
     assert all(e.data["confirmed"] is True and e.id == e.data["seq"] for e in commits)
     assert [e.id for e in commits] == list(range(1, ended["version"] + 1))  # no gap, no repeat
     assert all(e.data["confirmed"] is False and e.id is None for e in deltas)
-    published = [n for n, e in enumerate(events) if e.event == "commit" and any(
-        m["role"] == "tool" and m["content"] == RESULT for m in e.data["messages"])]
-    answered = [n for n, e in enumerate(events) if e.event == "commit" and any(
-        m["role"] == "assistant" and m["content"] == FINAL_TEXT for m in e.data["messages"])]
+    published = [
+        n
+        for n, e in enumerate(events)
+        if e.event == "commit"
+        and any(m["role"] == "tool" and m["content"] == RESULT for m in e.data["messages"])
+    ]
+    answered = [
+        n
+        for n, e in enumerate(events)
+        if e.event == "commit"
+        and any(m["role"] == "assistant" and m["content"] == FINAL_TEXT for m in e.data["messages"])
+    ]
     assert len(published) == 1 and len(answered) == 1
     assert events[answered[0]].data["disposition"]["state"] == "ended"
     final_step = max(e.data["step"] for e in deltas)
-    streamed = [n for n, e in enumerate(events) if e.event == "delta"
-                and e.data["step"] == final_step]
+    streamed = [
+        n for n, e in enumerate(events) if e.event == "delta" and e.data["step"] == final_step
+    ]
     assert streamed, "no live delta of the final answer"
     assert published[0] < streamed[0] and streamed[-1] < answered[0]
     assert all(events[n].data["kind"] == "text" for n in streamed)
@@ -560,10 +624,11 @@ def test_main_job_on_real_input(variant: str, request: pytest.FixtureRequest,
         form = browser.get("/login/")
         csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)
         assert csrf, form.text
-        signed_in = browser.post("/login/", data={
-            "csrfmiddlewaretoken": csrf.group(1), "username": username, "password": password})
-        assert signed_in.status_code == 302 and signed_in.headers["location"] == "/", (
-            signed_in.text)
+        signed_in = browser.post(
+            "/login/",
+            data={"csrfmiddlewaretoken": csrf.group(1), "username": username, "password": password},
+        )
+        assert signed_in.status_code == 302 and signed_in.headers["location"] == "/", signed_in.text
         page = browser.get(f"/runs/{run_id}/")
         assert page.status_code == 200
         shown = html.unescape(page.text)

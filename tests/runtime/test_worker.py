@@ -156,9 +156,7 @@ def test_stale_owner_is_fenced_and_applies_nothing_after(start, spawn_worker):
     # second worker takes the run over. When the stale
     # owner comes back, the version check and the lease epoch refuse each of its commits, so
     # it never starts another attempt or the next call.
-    run_id = start(
-        tool_step(("slow", {"seconds": 4}), ("ledger_once", {"key": "x"})), text_step()
-    )
+    run_id = start(tool_step(("slow", {"seconds": 4}), ("ledger_once", {"key": "x"})), text_step())
     stale = spawn_worker(worker_id="stale", RUNTIME_HEARTBEAT_SECONDS="5")
     wait_for(lambda: run_row(run_id).lease_owner == "stale", what="the first claim")
     first_epoch = run_row(run_id).lease_epoch
@@ -191,7 +189,7 @@ def test_graceful_stops_do_not_count_towards_the_poison_budget(start, spawn_work
     run_id = start({"text": "a long answer, streamed slowly", "chunks": 30, "delay_ms": 100})
     for _ in range(2):
         stopping = spawn_worker(until_idle=False, RUNTIME_POISON_CLAIMS="1")
-        wait_for(lambda: "claimed" in stopping.stderr, what="a claim")
+        wait_for(lambda s=stopping: "claimed" in s.stderr, what="a claim")
         time.sleep(0.3)  # streaming now
         stopping.signal(signal.SIGTERM)
         code, err = stopping.wait(timeout=10)
