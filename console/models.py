@@ -19,6 +19,7 @@ READ = "console.read_runs"
 RESUME = "console.resume_runs"
 OPERATE = "console.operate_runs"
 
+
 class Access(models.Model):
     """Holds the console's permissions; it has no rows."""
 

@@ -94,9 +94,7 @@ def commit(draft: CommitDraft, *, lease: Lease | None = None) -> Committed:
         # any other unique index refusing a row means the draft reused an id.
         if any(name in str(exc) for name in ("commit_seq_unique_per_thread", "threadcommit.seq")):
             raise VersionConflict(expected=draft.expected_version, reason=str(exc)) from exc
-        raise InvalidCommit(
-            "the commit reuses an id that is already taken", reason=str(exc)
-        ) from exc
+        raise InvalidCommit("the database refused the commit", reason=str(exc)) from exc
 
 
 def _target_run_id(draft: CommitDraft) -> str | None:

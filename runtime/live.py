@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -31,40 +32,35 @@ class _Publisher:
 
     The loop is the one that serves live viewers when this process has them (``bind``,
     called by the consumers: the in-memory layer only works within one loop), else a private
-    loop on a daemon thread (a worker process publishing through Redis).
+    loop on a daemon thread (a worker process publishing through Redis). A drain task runs
+    only while messages wait, so a loop can close with nothing of ours pending.
     """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.queue: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
+        self.pending: deque[tuple[str, dict[str, Any]]] = deque()
+        self.drainer: asyncio.Task[None] | None = None
 
     def bind(self) -> None:
         """Send from the running loop from now on (call it on the loop viewers live on)."""
         loop = asyncio.get_running_loop()
         with self.lock:
-            if self.loop is loop:
-                return
-            self.loop, self.queue = loop, asyncio.Queue()
-            loop.create_task(self._drain(self.queue))
+            self.loop = loop
 
-    def _start_private_loop(self) -> None:
-        ready = threading.Event()
+    def _start_private_loop(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="live-publisher", daemon=True).start()
+        return loop
 
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self.loop, self.queue = loop, asyncio.Queue()
-            loop.create_task(self._drain(self.queue))
-            ready.set()
-            loop.run_forever()
+    def _enqueue(self, item: tuple[str, dict[str, Any]]) -> None:  # runs on the loop
+        self.pending.append(item)
+        if self.drainer is None or self.drainer.done():
+            self.drainer = asyncio.get_running_loop().create_task(self._drain())
 
-        threading.Thread(target=run, name="live-publisher", daemon=True).start()
-        ready.wait()
-
-    async def _drain(self, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
-        while True:
-            group, message = await queue.get()
+    async def _drain(self) -> None:
+        while self.pending:
+            group, message = self.pending.popleft()
             layer = get_channel_layer()
             try:
                 if layer is not None:
@@ -75,11 +71,10 @@ class _Publisher:
     def send(self, group: str, message: dict[str, Any]) -> None:
         with self.lock:
             if self.loop is None or self.loop.is_closed():
-                self._start_private_loop()
-            loop, queue = self.loop, self.queue
-        assert loop is not None and queue is not None
+                self.loop = self._start_private_loop()
+            loop = self.loop
         try:
-            loop.call_soon_threadsafe(queue.put_nowait, (group, message))
+            loop.call_soon_threadsafe(self._enqueue, (group, message))
         except RuntimeError:  # the loop closed between the check and the call
             log.warning("live send to %s dropped: its loop is closed", group)
 

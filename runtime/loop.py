@@ -52,7 +52,14 @@ from runtime.domain.model import (
     TicketKind,
     ToolCall,
 )
-from runtime.errors import LeaseLost, RunEnded, UnknownAgent, VersionConflict
+from runtime.errors import (
+    IllegalTransition,
+    InvalidCommit,
+    LeaseLost,
+    RunEnded,
+    UnknownAgent,
+    VersionConflict,
+)
 from runtime.hooks import call_hooks
 from runtime.models import LateEvidence, MessageRecord, Run, StreamCheckpoint
 from runtime.providers import build_provider
@@ -65,6 +72,7 @@ from runtime.providers.base import (
     ToolSpec,
 )
 from runtime.tools import Tool, ToolArgumentsError, ToolContext, ToolError
+from runtime.untrusted import UntrustedJSONError, check_schema, parse_object
 
 log = logging.getLogger("runtime.loop")
 
@@ -189,6 +197,13 @@ class RunDriver:
                 run = self.reload()
                 continue
             except Abandon:
+                return
+            except (InvalidCommit, IllegalTransition) as exc:
+                # The rules refused what this step would commit: trying again would only
+                # repeat it (and the model call), so the run fails with the typed error.
+                log.error("run %s: commit refused: %s", self.run_id, exc.message)
+                self.reload()
+                self.end(EndCause.FAILED, {"type": exc.code, "message": exc.message})
                 return
             assert self.run is not None
             run = self.run  # each commit returned the state it made
@@ -380,9 +395,9 @@ class RunDriver:
         """A Requested call with the policy, permission and budget in force now."""
         tool = agent.tool(out.name)
         try:
-            arguments = json.loads(out.arguments or "{}")
-        except json.JSONDecodeError:
-            arguments = None
+            arguments: dict[str, Any] | None = parse_object(out.arguments)
+        except UntrustedJSONError:
+            arguments = None  # kept as raw text; the gate answers the model with the reason
         return ToolCall(
             call_id=uuid.uuid4().hex,
             index=index,
@@ -423,6 +438,11 @@ class RunDriver:
             return
         if tool.input_wait is not None:
             request, schema = tool.input_wait.build(arguments)
+            try:
+                check_schema(schema)
+            except UntrustedJSONError as exc:
+                self.complete(call, f"No input was asked: {exc}.", True)
+                return
             self.wait(call, TicketKind.INPUT, request, schema)
         elif permission is Permission.ASK:
             request = {"tool": call.name, "arguments": arguments, "operation_id": call.operation_id}

@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import jsonschema
 from django.db import IntegrityError, transaction
 
 from runtime import conf
@@ -43,6 +42,7 @@ from runtime.errors import (
 )
 from runtime.models import CommandRecord, Thread, ToolCallRecord
 from runtime.providers.scripted import parse_script
+from runtime.untrusted import UntrustedJSONError, answer_problem, check_depth
 
 CONFLICT_RETRIES = 5  # a command re-reads and re-decides when a worker commits first
 
@@ -80,6 +80,10 @@ def start_run(
     """
     get_agent(agent)
     metadata = dict(metadata or {})
+    try:
+        check_depth(metadata, "metadata")
+    except UntrustedJSONError as exc:
+        raise InvalidCommit(str(exc)) from exc
     if "script" in metadata:
         if not conf.allow_scripted():
             raise ScriptRefused("scripted runs are disabled (RUNTIME_ALLOW_SCRIPTED)")
@@ -202,15 +206,12 @@ def resume(
         check_resume(run, command)
         assert run.ticket is not None
         if command.decision is Decision.INPUT and run.ticket.schema is not None:
-            try:
-                jsonschema.validate(command.input, run.ticket.schema)
-            except jsonschema.ValidationError as exc:
+            problem = answer_problem(command.input, run.ticket.schema)
+            if problem is not None:
+                message, path = problem
                 raise InvalidInput(
-                    f"input does not match the ticket's schema: {exc.message}",
-                    path=list(exc.absolute_path),
-                ) from exc
-            except jsonschema.SchemaError as exc:
-                raise InvalidInput(f"the ticket's schema is invalid: {exc.message}") from exc
+                    f"input does not match the ticket's schema: {message}", path=path
+                )
         event = CallResumed(
             call_id=run.ticket.call_id,
             ticket_id=run.ticket.id,

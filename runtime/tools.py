@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ConfigDict, ValidationError, create_model
 
 from runtime.domain.model import Permission, RecoveryPolicy
+from runtime.untrusted import UntrustedJSONError, parse_object
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +75,9 @@ class Tool:
     def parse(self, arguments_text: str) -> dict[str, Any]:
         """Parse and validate the model's raw argument text; raise ToolArgumentsError."""
         try:
-            raw = json.loads(arguments_text or "{}")
-        except json.JSONDecodeError as exc:
-            raise ToolArgumentsError(f"arguments are not valid JSON: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ToolArgumentsError("arguments must be a JSON object")
+            raw = parse_object(arguments_text)
+        except UntrustedJSONError as exc:
+            raise ToolArgumentsError(str(exc)) from exc
         try:
             return self.arguments_model.model_validate(raw).model_dump(mode="json")
         except ValidationError as exc:

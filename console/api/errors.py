@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -111,6 +113,13 @@ def install(api: NinjaAPI) -> None:
     @api.exception_handler(Http404)
     def on_not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
         return error_response(404, "not_found", str(exc) or "not found")
+
+    @api.exception_handler(RequestDataTooBig)
+    def on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return error_response(
+            413, "payload_too_large", f"the request body is over {limit} bytes", {"limit": limit}
+        )
 
     @api.exception_handler(Exception)
     def on_exception(request: HttpRequest, exc: Exception) -> HttpResponse:

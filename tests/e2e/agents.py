@@ -1,7 +1,7 @@
 """The agent of the end-to-end test: a calculator on the OpenAI-compatible provider.
 
 It is built to make the same requests as the recorded conversation in
-``../shared/fixtures/wire/openai-stream-single-tool.json`` (first turn: the model calls
+``tests/fixtures/wire/openai-stream-single-tool.json`` (first turn: the model calls
 ``multiply(a=1231, b=2331)``) and ``openai-stream-text.json`` (second turn: the final answer):
 model ``gpt-4o-mini``, one tool ``multiply`` whose name, description and JSON schema are the
 recording's, and no instructions, because the provider sends instructions as a ``system``

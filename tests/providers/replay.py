@@ -23,11 +23,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
 
-WIRE_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "wire"
+WIRE_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
 
 
 def wire_dir() -> Path:
-    """The recorded fixtures: ``RUNTIME_WIRE_FIXTURES`` when set, else ../shared/fixtures/wire."""
+    """The recorded fixtures: ``RUNTIME_WIRE_FIXTURES`` when set, else tests/fixtures/wire (a
+    copy of the shared, read-only recordings, with their licences)."""
     return Path(os.environ.get("RUNTIME_WIRE_FIXTURES") or WIRE_DIR).resolve()
 
 
