@@ -5,10 +5,17 @@ Each one authenticates, checks the read permission, joins a Channels group of
 ``delta`` is unconfirmed model output, a ``commit`` tells the page to fetch committed state
 from the server. On connect the run consumer first sends the run's committed version, so a
 page that reconnects refreshes committed state before it shows new deltas.
+
+Commit notices reach a consumer through the channel layer when the writer shares it (the
+in-process worker, or any worker with ``REDIS_URL``). A worker in another process on the
+in-memory layer cannot reach it, so each consumer also looks at the log every
+``WATCH_SECONDS`` and sends a commit notice when it moved: the page is never left stale.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -16,11 +23,12 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.models import READ
 from runtime.live import ALL_RUNS_GROUP, bind_to_running_loop, run_group
-from runtime.models import Run
+from runtime.models import Run, ThreadCommit
 
 # Close codes (4000-4999 are the application's): sent when the handshake is refused after
 # the socket was accepted; before acceptance a refusal is an HTTP 403 on the upgrade.
 NOT_FOUND = 4404
+WATCH_SECONDS = 1.0
 
 
 @database_sync_to_async
@@ -35,8 +43,32 @@ def _committed(run_id: str) -> dict[str, Any] | None:
     return Run.objects.filter(id=run_id).values("version", "state", "end_cause", "step").first()
 
 
+@database_sync_to_async
+def _latest_commit_id() -> int | None:
+    return ThreadCommit.objects.order_by("-id").values_list("id", flat=True).first()
+
+
 class _LiveConsumer(AsyncJsonWebsocketConsumer):
     group: str = ""
+    watcher: asyncio.Task[None] | None = None
+
+    async def mark(self) -> Any:
+        """What changes when this consumer's view of the log changes."""
+        raise NotImplementedError
+
+    def watch(self, seen: Any) -> None:
+        """Look at the log every WATCH_SECONDS; ``seen`` is the mark the client was sent."""
+
+        async def loop() -> None:
+            nonlocal seen
+            while True:
+                await asyncio.sleep(WATCH_SECONDS)
+                now = await self.mark()
+                if now != seen:
+                    seen = now
+                    await self.run_commit({"run_id": getattr(self, "run_id", None)})
+
+        self.watcher = asyncio.create_task(loop())
 
     async def _authorised(self) -> bool:
         if not await _may_read(self.scope.get("user")):
@@ -46,6 +78,10 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
         return True
 
     async def disconnect(self, code: int) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.watcher
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -66,7 +102,7 @@ class RunConsumer(_LiveConsumer):
     async def connect(self) -> None:
         if not await self._authorised():
             return
-        run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        run_id = self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
         # Join before reading, so no commit can fall between the read and the subscription.
         self.group = run_group(run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -76,6 +112,11 @@ class RunConsumer(_LiveConsumer):
             await self.close(code=NOT_FOUND)
             return
         await self.send_json({"event": "hello", "run_id": run_id, **committed})
+        self.watch(committed["version"])
+
+    async def mark(self) -> Any:
+        committed = await _committed(self.run_id)
+        return committed and committed["version"]
 
     async def run_delta(self, message: dict[str, Any]) -> None:
         await self.send_json(
@@ -100,5 +141,10 @@ class RunsConsumer(_LiveConsumer):
             return
         self.group = ALL_RUNS_GROUP
         await self.channel_layer.group_add(self.group, self.channel_name)
+        latest = await _latest_commit_id()
         await self.accept()
         await self.send_json({"event": "hello"})
+        self.watch(latest)
+
+    async def mark(self) -> Any:
+        return await _latest_commit_id()

@@ -6,10 +6,15 @@ class RuntimeConfig(AppConfig):
     verbose_name = "Agent runtime"
 
     def ready(self) -> None:
-        from runtime import live
         from runtime.signals import commit_announced
 
-        def forward(sender, notice, **kwargs):
-            live.publish_commit(notice)
+        commit_announced.connect(
+            forward_commits, weak=False, dispatch_uid="runtime.live.forward"
+        )
 
-        commit_announced.connect(forward, weak=False, dispatch_uid="runtime.live.forward")
+
+def forward_commits(sender, notice, **kwargs) -> None:
+    """Tell live viewers of every commit (best-effort; see runtime.live)."""
+    from runtime import live
+
+    live.publish_commit(notice)

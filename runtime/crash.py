@@ -36,6 +36,13 @@ def _target() -> tuple[str, int] | None:
     return point, int(occurrence or 1)
 
 
+def check_environment() -> str | None:
+    """Return the configured ``point:occurrence``, or None; raise ValueError for a typo, so
+    that a worker refuses to start rather than silently never crashing."""
+    target = _target()
+    return f"{target[0]}:{target[1]}" if target else None
+
+
 def crash_point(point: str) -> None:
     """Exit the process hard here if RUNTIME_CRASH_AT names this point and occurrence."""
     target = _target()

@@ -119,6 +119,9 @@ def _event_run_id(event: dict[str, Any]) -> str | None:
     return event.get("run_id")
 
 
+LOG_SHOWN = 200  # commits listed on a run page; the API pages through the rest
+
+
 def run_context(run_id: str) -> dict[str, Any]:
     """Everything the run page shows, from committed state only."""
     try:
@@ -167,7 +170,8 @@ def run_context(run_id: str) -> dict[str, Any]:
         "run": doc,
         "created_at": datetime.fromisoformat(doc["created_at"]),
         "latest_commit": latest,
-        "log": log,
+        "log": log[-LOG_SHOWN:],  # the page stays fast however long the run is
+        "log_total": len(log),
         "tickets": tickets,
         "open_ticket": open_ticket,
         "reconciliations": reconciliations,

@@ -113,7 +113,7 @@ def assistant() -> Agent:
     default_key = "ANTHROPIC_API_KEY" if kind == "anthropic" else "OPENAI_API_KEY"
     return Agent(
         name="assistant",
-        description="The demo tools driven by a real model (see README, 'Real models').",
+        description="The demo tools driven by a real model (see docs/real-models.md).",
         instructions=demo.instructions,
         tools=demo.tools,
         provider=ProviderConfig(

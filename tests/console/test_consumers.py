@@ -224,3 +224,40 @@ async def test_full_asgi_stack_uses_the_session(users, awaiting):
         application, path, headers=[(b"cookie", cookie), (b"origin", b"http://evil.example")]
     )
     assert not (await foreign.connect())[0]
+
+
+async def test_a_commit_the_layer_never_carried_still_reaches_viewers(users, approval_run):
+    # A worker in another process on the in-memory layer cannot reach this process's
+    # consumers: with the layer's announcement switched off, the consumers' look at the log
+    # must still tell both pages that the run committed.
+    from runtime import operations
+    from runtime.domain.model import Decision, ResumeCommand, TicketKind
+    from runtime.signals import commit_announced
+
+    run, ticket_id = approval_run
+    comm = communicator(f"/ws/runs/{run.run_id}/", users["viewer"])
+    await comm.connect()
+    await comm.receive_json_from()
+    runs = communicator("/ws/runs/", users["viewer"])
+    await runs.connect()
+    await runs.receive_json_from()
+    assert commit_announced.disconnect(dispatch_uid="runtime.live.forward")
+    try:
+        await sync_to_async(operations.resume)(
+            run.run_id,
+            ResumeCommand(
+                ticket_id=ticket_id, kind=TicketKind.APPROVAL, decision=Decision.APPROVE
+            ),
+            actor="abe",
+        )
+        seen = await comm.receive_json_from(timeout=3)
+        assert (seen["event"], seen["run_id"]) == ("commit", run.run_id)
+        assert (await runs.receive_json_from(timeout=3))["event"] == "commit"
+    finally:
+        from runtime.apps import forward_commits
+
+        commit_announced.connect(
+            forward_commits, weak=False, dispatch_uid="runtime.live.forward"
+        )
+    await comm.disconnect()
+    await runs.disconnect()

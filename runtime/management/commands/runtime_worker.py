@@ -7,6 +7,7 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
+from runtime.crash import check_environment
 from runtime.worker import Worker
 
 
@@ -28,6 +29,12 @@ class Command(BaseCommand):
     def handle(self, *args, until_idle, worker_id, concurrency, **options):
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
+        try:
+            crash_at = check_environment()
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        if crash_at:
+            self.stderr.write(f"RUNTIME_CRASH_AT={crash_at}: this worker will exit there")
         worker = Worker(worker_id=worker_id, concurrency=concurrency, until_idle=until_idle)
 
         def on_signal(signum, frame):
