@@ -8,9 +8,7 @@ class RuntimeConfig(AppConfig):
     def ready(self) -> None:
         from runtime.signals import commit_announced
 
-        commit_announced.connect(
-            forward_commits, weak=False, dispatch_uid="runtime.live.forward"
-        )
+        commit_announced.connect(forward_commits, weak=False, dispatch_uid="runtime.live.forward")
 
 
 def forward_commits(sender, notice, **kwargs) -> None:

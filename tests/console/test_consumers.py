@@ -245,9 +245,7 @@ async def test_a_commit_the_layer_never_carried_still_reaches_viewers(users, app
     try:
         await sync_to_async(operations.resume)(
             run.run_id,
-            ResumeCommand(
-                ticket_id=ticket_id, kind=TicketKind.APPROVAL, decision=Decision.APPROVE
-            ),
+            ResumeCommand(ticket_id=ticket_id, kind=TicketKind.APPROVAL, decision=Decision.APPROVE),
             actor="abe",
         )
         seen = await comm.receive_json_from(timeout=3)
@@ -256,8 +254,6 @@ async def test_a_commit_the_layer_never_carried_still_reaches_viewers(users, app
     finally:
         from runtime.apps import forward_commits
 
-        commit_announced.connect(
-            forward_commits, weak=False, dispatch_uid="runtime.live.forward"
-        )
+        commit_announced.connect(forward_commits, weak=False, dispatch_uid="runtime.live.forward")
     await comm.disconnect()
     await runs.disconnect()
