@@ -10,6 +10,20 @@ from typing import Any
 from runtime.errors import NotFound
 from runtime.models import MessageRecord, Run, Ticket, ToolCallRecord
 
+# The columns a list of runs reads (the API's run summaries, the console's runs page).
+RUN_SUMMARY_FIELDS = (
+    "id",
+    "thread_id",
+    "agent",
+    "state",
+    "end_cause",
+    "version",
+    "step",
+    "created_by",
+    "created_at",
+    "committed_at",
+)
+
 
 def call_document(call: ToolCallRecord) -> dict[str, Any]:
     return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.documents import run_document
+from runtime.documents import RUN_SUMMARY_FIELDS, run_document
 from runtime.models import Run, ThreadCommit
 
 
@@ -35,18 +35,7 @@ def run_summary(run: Run) -> dict[str, Any]:
     }
 
 
-SUMMARY_FIELDS = (
-    "id",
-    "thread_id",
-    "agent",
-    "state",
-    "end_cause",
-    "version",
-    "step",
-    "created_by",
-    "created_at",
-    "committed_at",
-)
+SUMMARY_FIELDS = RUN_SUMMARY_FIELDS
 
 
 def commit_document(commit: ThreadCommit) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from console.views.common import HtmxHttpRequest, actor, needs, render_page
 from console.views.tickets import build_card
 from runtime import operations
 from runtime.agents import registry
-from runtime.documents import run_document
+from runtime.documents import RUN_SUMMARY_FIELDS, run_document
 from runtime.errors import NotFound, RuntimeFault
 from runtime.models import ReconciliationRecord, Run, ThreadCommit, Ticket
 
@@ -78,20 +78,7 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
     if cursor:
         stamp, run_id = cursor
         rows = rows.filter(Q(created_at__lt=stamp) | Q(created_at=stamp, id__lt=run_id))
-    page = list(
-        rows.order_by("-created_at", "-id").only(
-            "id",
-            "thread_id",
-            "agent",
-            "state",
-            "end_cause",
-            "version",
-            "step",
-            "created_by",
-            "created_at",
-            "committed_at",
-        )[: PAGE_SIZE + 1]
-    )
+    page = list(rows.order_by("-created_at", "-id").only(*RUN_SUMMARY_FIELDS)[: PAGE_SIZE + 1])
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
     params = request.GET.copy()
