@@ -21,7 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from runtime import conf, live
 from runtime.agents import Agent, get_agent
@@ -98,17 +98,25 @@ class ToolThread:
     being a daemon, a call still in flight never holds the process up."""
 
     def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None]
+        self.jobs = queue.SimpleQueue()
         threading.Thread(target=self._serve, name="tools", daemon=True).start()
 
     def _serve(self) -> None:
-        while True:
-            job, future = self.jobs.get()
-            close_old_connections()
-            try:
-                future.set_result(job())
-            except BaseException as exc:
-                future.set_exception(exc)
+        try:
+            while (item := self.jobs.get()) is not None:
+                job, future = item
+                close_old_connections()
+                try:
+                    future.set_result(job())
+                except BaseException as exc:
+                    future.set_exception(exc)
+        finally:
+            connections.close_all()
+
+    def close(self) -> None:
+        """Let the thread end (after any call still in flight) and close its connection."""
+        self.jobs.put(None)
 
     def submit(self, job: Callable[[], Any]) -> Future[Any]:
         future: Future[Any] = Future()
@@ -132,6 +140,7 @@ class RunDriver:
         tools: ToolThread | None = None,
     ) -> None:
         self.run_id = run_id
+        self.owns_tools = tools is None
         self.tools = tools or ToolThread()
         self.lease = lease
         self.worker_id = lease.worker_id
@@ -179,6 +188,13 @@ class RunDriver:
         Raises LeaseLost when another worker took the run over; a VersionConflict (an
         operator's command landed first) makes it reload and decide again.
         """
+        try:
+            self._drive()
+        finally:
+            if self.owns_tools:
+                self.tools.close()
+
+    def _drive(self) -> None:
         run = self.reload()
         try:
             agent = get_agent(run.agent)

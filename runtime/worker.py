@@ -217,6 +217,7 @@ class Worker:
                 self.wake.wait(conf.idle_poll_seconds())
                 self.wake.clear()
         finally:
+            tools.close()
             connections.close_all()
 
     def run(self) -> None:
