@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.db import connection
 from django.test import Client
 
 from console.models import ApiToken
@@ -33,6 +32,7 @@ from runtime.domain.model import Disposition
 from runtime.loop import RunDriver
 from runtime.models import ThreadCommit
 from runtime.worker import claim
+from tests.subprocesses import subprocess_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "/api/v1"
@@ -201,17 +201,7 @@ def error_of(response) -> dict[str, Any]:
 # -- subprocesses: the worker and daphne on the test database ---------------------------------
 
 
-def shared_database_url() -> str:
-    """The DATABASE_URL of the database this test runs on (the test database)."""
-    settings = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{settings['NAME']}"
-    user = settings.get("USER") or ""
-    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
-    auth = f"{user}{password}@" if user else ""
-    host = settings.get("HOST") or "127.0.0.1"
-    port = settings.get("PORT") or 5432
-    return f"postgresql://{auth}{host}:{port}/{settings['NAME']}"
+shared_database_url = subprocess_database_url
 
 
 @pytest.fixture

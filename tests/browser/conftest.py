@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+
+from tests.subprocesses import FAST_WORKER_ENV, subprocess_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("RUNTIME_CHROMIUM", "/usr/bin/chromium")
@@ -34,25 +35,7 @@ CHROMIUM_ARGS = [
 REDIS_URL = os.environ.get("RUNTIME_TEST_REDIS_URL") or "redis://127.0.0.1:6379/5"
 RESULTS = ROOT / "test-results" / "screenshots"
 DOCS = ROOT / "docs" / "screenshots"
-# Short leases so that a fresh worker takes over a crashed worker's run within a second.
-STACK_ENV = {
-    "RUNTIME_LEASE_SECONDS": "1",
-    "RUNTIME_HEARTBEAT_SECONDS": "0.3",
-    "RUNTIME_IDLE_POLL_SECONDS": "0.05",
-    "RUNTIME_MODEL_BACKOFF_SECONDS": "0.01",
-    "DJANGO_DEBUG": "0",
-}
-
-
-def database_url() -> str:
-    settings = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{Path(settings['NAME']).resolve()}"
-    user = settings.get("USER") or ""
-    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
-    auth = f"{user}{password}@" if user else ""
-    port = f":{settings['PORT']}" if settings.get("PORT") else ""
-    return f"postgres://{auth}{settings.get('HOST') or 'localhost'}{port}/{settings['NAME']}"
+STACK_ENV = {**FAST_WORKER_ENV, "DJANGO_DEBUG": "0"}
 
 
 def free_port() -> int:
@@ -156,7 +139,7 @@ def stack(transactional_db: None) -> Iterator[Stack]:
     env.update(
         STACK_ENV,
         DJANGO_SETTINGS_MODULE="console.settings",
-        DATABASE_URL=database_url(),
+        DATABASE_URL=subprocess_database_url(),
         REDIS_URL=REDIS_URL,
     )
     running = Stack(env)

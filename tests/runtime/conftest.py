@@ -17,38 +17,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from runtime.operations import start_run
 from runtime.worker import Worker
+from tests.subprocesses import FAST_WORKER_ENV, subprocess_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Short leases so that the next worker takes over a crashed worker's run within a second.
-WORKER_ENV = {
-    "RUNTIME_LEASE_SECONDS": "1",
-    "RUNTIME_HEARTBEAT_SECONDS": "0.3",
-    "RUNTIME_IDLE_POLL_SECONDS": "0.05",
-    "RUNTIME_MODEL_BACKOFF_SECONDS": "0.01",
-}
-
-
-def _database_url() -> str:
-    settings = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{Path(settings['NAME']).resolve()}"
-    user = settings.get("USER") or ""
-    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
-    auth = f"{user}{password}@" if user else ""
-    port = f":{settings['PORT']}" if settings.get("PORT") else ""
-    return f"postgres://{auth}{settings.get('HOST') or 'localhost'}{port}/{settings['NAME']}"
+WORKER_ENV = FAST_WORKER_ENV
 
 
 @pytest.fixture
 def subprocess_env(transactional_db: None) -> Callable[..., dict[str, str]]:
     """Return a function building the environment of a manage.py subprocess on the test DB."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_CRASH_AT")}
-    base.update(WORKER_ENV, DJANGO_SETTINGS_MODULE="console.settings", DATABASE_URL=_database_url())
+    base.update(
+        WORKER_ENV,
+        DJANGO_SETTINGS_MODULE="console.settings",
+        DATABASE_URL=subprocess_database_url(),
+    )
 
     def build(**extra: str | None) -> dict[str, str]:
         env = dict(base)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
 from django.db.models import F
 
 from runtime import codec, fsck
@@ -29,6 +28,7 @@ from runtime.models import (
     ToolCallRecord,
 )
 from tests.domain import drafts
+from tests.subprocesses import subprocess_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -370,18 +370,10 @@ def test_finalizing_before_every_call_is_terminal_is_reported(busy_thread):
 # -- the real command line --------------------------------------------------------------------
 
 
-def _database_url() -> str:
-    settings = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{settings['NAME']}"
-    user = settings["USER"] + (f":{settings['PASSWORD']}" if settings["PASSWORD"] else "")
-    return f"postgres://{user}@{settings['HOST']}:{settings['PORT'] or 5432}/{settings['NAME']}"
-
-
 @pytest.mark.django_db(transaction=True)
 def test_manage_py_exits_zero_then_one(busy_thread):
     busy = busy_thread()
-    env = {**os.environ, "DATABASE_URL": _database_url()}
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
     command = [sys.executable, "manage.py", "runtime_fsck", "--thread", busy.thread_id]
 
     def run() -> subprocess.CompletedProcess:
