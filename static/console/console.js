@@ -68,13 +68,13 @@
     flash("The server cannot be reached. Your action was not sent.");
   });
   document.addEventListener("htmx:afterSwap", tickTimes);
-  // An answered card may vanish at the next list refresh: keep its notice in the flash area.
-  document.addEventListener("htmx:afterSettle", function () {
-    document.querySelectorAll(".ticket-card.done:not([data-flashed])").forEach(function (card) {
-      card.dataset.flashed = "1";
-      var notice = card.querySelector(".notice");
-      if (notice) flash(notice.textContent, "success");
-    });
+  // An answered card may vanish at the next list refresh, even before its own answer is
+  // swapped in: take the notice from the answer itself and keep it in the flash area.
+  document.addEventListener("htmx:afterRequest", function (e) {
+    if (!e.detail.successful || !e.detail.xhr) return;
+    var doc = new DOMParser().parseFromString(e.detail.xhr.responseText || "", "text/html");
+    var notice = doc.querySelector(".ticket-card.done .notice");
+    if (notice) flash(notice.textContent, "success");
   });
 
   // -- a WebSocket that reconnects, and polls while it is down -----------------------------
