@@ -30,8 +30,15 @@ def heartbeat_seconds() -> float:
 
 
 def poison_claims() -> int:
-    """Claims without any commit before a run is ended as indeterminate (default 3)."""
+    """Failed drivings (the driver raised) without any commit before a run is ended as
+    indeterminate (default 3)."""
     return int(_get("RUNTIME_POISON_CLAIMS", 3))
+
+
+def poison_deaths() -> int:
+    """Claims lost with their worker, without any commit, before a run is ended as
+    indeterminate (default 20): a run that keeps killing workers still ends."""
+    return int(_get("RUNTIME_POISON_DEATHS", 20))
 
 
 def idle_poll_seconds() -> float:

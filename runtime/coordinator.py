@@ -2,36 +2,45 @@
 
 ``commit`` validates a CommitDraft with the pure rule book (``domain.commit.apply_commit``):
 identity (thread, run, the thread's active run), the expected version (the thread's last commit
-sequence), the disposition's shape and every transition, all before anything is written. Then,
-inside one ``transaction.atomic()``, it appends the ThreadCommit row and updates the
-projections. A conflict means another writer committed first: nothing of the loser is written,
-and it must reload the committed state and decide again, never overwrite. Listeners hear of a
-commit only after its transaction has committed.
+sequence), the disposition's shape and every transition, all before anything is written. The
+caller may hand in the committed head and run it already holds (a worker keeps what each of its
+commits returned, so it reads nothing between its own commits); otherwise both are read in one
+query. The write then checks, atomically, that the thread is still at the expected version and
+the run at the version the decision was made on (and, for a worker, that its lease epoch still
+owns the run), appends the ThreadCommit row and updates every projection.
+
+On PostgreSQL the whole write is ONE statement (data-modifying CTEs), its own transaction when
+no transaction is open: one round trip per commit. Every part hangs off the head move, so a
+stale writer writes nothing; a run update refused after the head moved leaves the commit row
+with a disposition but no run, which the ``commit_disposition_needs_run`` constraint rejects,
+failing the whole statement. Elsewhere (SQLite) the same rows are written with the ORM inside
+``transaction.atomic()``. A conflict means another writer committed first: nothing of the
+loser is written, and it must reload the committed state and decide again, never overwrite.
+Listeners hear of a commit only after its transaction has committed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import partial
+from functools import cache, partial
+from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from runtime import codec
 from runtime.domain.commit import CommitDraft, apply_commit
-from runtime.domain.events import (
-    CallExecuting,
-    CallResumed,
-    ReconciliationRecorded,
-)
-from runtime.domain.model import RunState, RunView, ThreadHead, ToolCall
+from runtime.domain.events import CallExecuting, CallResumed, ReconciliationRecorded, StepCommitted
+from runtime.domain.model import RunState, RunView, ThreadHead, ToolBatch, ToolCall
 from runtime.errors import InvalidCommit, LeaseLost, NotFound, VersionConflict
 from runtime.models import (
     MessageRecord,
     ReconciliationRecord,
     Run,
+    StreamCheckpoint,
     Thread,
     ThreadCommit,
     Ticket,
@@ -60,6 +69,9 @@ class Committed:
     run: RunView | None
 
 
+# -- reads ---------------------------------------------------------------------------------------
+
+
 def read_head(thread_id: str, *, lock: bool = False) -> ThreadHead:
     """Return the thread's head; ``lock`` takes the row lock (PostgreSQL) for a commit."""
     rows = Thread.objects.filter(id=thread_id)
@@ -79,74 +91,162 @@ def read_run(run_id: str) -> RunView | None:
     return codec.load_run(snapshot) if snapshot else None
 
 
-def commit(draft: CommitDraft, *, lease: Lease | None = None) -> Committed:
+def read_frontier(thread_id: str, run_id: str | None) -> tuple[ThreadHead, RunView | None]:
+    """Return the thread's head and the committed run ``run_id`` (or None) in one query.
+
+    Raises NotFound when the thread does not exist.
+    """
+    row = (
+        Thread.objects.filter(id=thread_id)
+        .values_list("version", "active_run_id")
+        .annotate(snapshot=models.Subquery(Run.objects.filter(id=run_id).values("snapshot")[:1]))
+        .first()
+    )
+    if row is None:
+        raise NotFound(f"thread {thread_id} does not exist")
+    version, active, snapshot = row
+    head = ThreadHead(thread_id=thread_id, version=version, active_run_id=active)
+    return head, codec.load_run(snapshot) if snapshot else None
+
+
+# -- the commit ----------------------------------------------------------------------------------
+
+
+def commit(
+    draft: CommitDraft,
+    *,
+    lease: Lease | None = None,
+    head: ThreadHead | None = None,
+    before: RunView | None = None,
+    new_thread: bool = False,
+) -> Committed:
     """Validate and write one ThreadCommit; return its sequence and the new state.
 
-    Raises VersionConflict when the thread's head is not ``draft.expected_version`` (or a
-    racing writer wins the sequence), LeaseLost when ``lease`` no longer owns the run, and any
-    refusal of ``apply_commit``. On any error nothing is written and nobody is told.
+    ``head`` and ``before`` are the committed head and target run the caller decided on
+    (both or neither; read here when not given). ``new_thread`` creates the thread
+    ``draft.thread_id`` with this, its first commit (a run's activation), in the same write.
+    Raises VersionConflict when the thread is not at ``draft.expected_version`` or the run
+    moved since ``before``, LeaseLost when ``lease`` no longer owns the run, NotFound for an
+    unknown thread, and any refusal of ``apply_commit``. On any error nothing is written and
+    nobody is told.
     """
+    target = draft.run_id or _reconciled_run_id(draft)
+    if new_thread:
+        head, before = ThreadHead(thread_id=draft.thread_id), None
+    elif head is None:
+        head, before = read_frontier(draft.thread_id, target)
+    new_head, run = apply_commit(head, before, draft)
+    writes = _plan(draft, head, new_head, before, run, lease)
+    writes.create_thread = new_thread
     try:
-        with transaction.atomic():
-            return _commit(draft, lease)
+        if connection.vendor != "postgresql":
+            with transaction.atomic():
+                moved = _write_orm(writes)
+        elif connection.in_atomic_block:  # a savepoint keeps the caller's transaction usable
+            with transaction.atomic():
+                moved = _write_postgres(writes)
+        else:  # autocommit: the statement is its own transaction
+            moved = _write_postgres(writes)
     except IntegrityError as exc:
-        # The unique (thread, seq) constraint is the safety net behind the version check;
-        # any other unique index refusing a row means the draft reused an id.
+        if "commit_disposition_needs_run" in str(exc):
+            raise _refusal(writes) from exc
         if any(name in str(exc) for name in ("commit_seq_unique_per_thread", "threadcommit.seq")):
             raise VersionConflict(expected=draft.expected_version, reason=str(exc)) from exc
         raise InvalidCommit("the database refused the commit", reason=str(exc)) from exc
+    if not moved:
+        raise _refusal(writes)
+    notice = CommitNotice(
+        thread_id=draft.thread_id,
+        run_id=draft.run_id,
+        seq=writes.seq,
+        state=run.state.value if run and draft.run_id else None,
+        runnable=writes.notify,
+    )
+    transaction.on_commit(partial(_announce, notice))
+    return Committed(seq=writes.seq, head=new_head, run=run)
 
 
-def _target_run_id(draft: CommitDraft) -> str | None:
-    if draft.run_id is not None:
-        return draft.run_id
+def _reconciled_run_id(draft: CommitDraft) -> str | None:
     return next((e.run_id for e in draft.events if isinstance(e, ReconciliationRecorded)), None)
 
 
-def _move_head(draft: CommitDraft) -> ThreadHead:
-    """Advance the thread's version from ``expected_version`` by one, taking its row lock.
+def _refusal(writes: _Writes) -> Exception:
+    """Say why a write changed nothing: the thread moved, the run moved, or the lease is gone."""
+    head = read_head(writes.thread_id)  # raises NotFound for no thread
+    if head.version != writes.expected or writes.lease is None:
+        return VersionConflict(expected=writes.expected, actual=head.version)
+    owner = Run.objects.filter(id=writes.run_id).values("lease_owner", "lease_epoch").first()
+    if owner != {"lease_owner": writes.lease.worker_id, "lease_epoch": writes.lease.epoch}:
+        return LeaseLost(run_id=writes.run_id, worker_id=writes.lease.worker_id)
+    return VersionConflict(expected=writes.expected, actual=head.version)
 
-    A conditional update that must change exactly one row: zero means another process got
-    there first (or there is no such thread).
-    """
-    table = Thread._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} SET version = %s WHERE id = %s AND version = %s "
-            "RETURNING active_run_id",
-            [draft.expected_version + 1, draft.thread_id, draft.expected_version],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        actual = read_head(draft.thread_id).version  # raises NotFound for no thread
-        raise VersionConflict(expected=draft.expected_version, actual=actual)
-    return ThreadHead(
-        thread_id=draft.thread_id, version=draft.expected_version, active_run_id=row[0]
+
+def _announce(notice: CommitNotice) -> None:
+    log.debug(
+        "commit thread=%s seq=%s run=%s state=%s",
+        notice.thread_id,
+        notice.seq,
+        notice.run_id,
+        notice.state,
     )
+    commit_announced.send_robust(sender=CommitNotice, notice=notice)
 
 
-def _commit(draft: CommitDraft, lease: Lease | None) -> Committed:
-    head = _move_head(draft)
-    target = _target_run_id(draft)
-    before = read_run(target) if target else None
-    new_head, run = apply_commit(head, before, draft)
+# -- what one commit writes -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Writes:
+    """Every row one commit writes, as unsaved model instances and column values."""
+
+    thread_id: str
+    expected: int
+    seq: int
+    active_run_id: str | None
+    run_id: str | None
+    lease: Lease | None
+    log: ThreadCommit
+    run_insert: Run | None = None
+    run_update: dict[str, Any] | None = None  # column values of an existing run
+    run_version: int = 0  # the version the existing run must still have
+    messages: list[MessageRecord] = field(default_factory=list)
+    calls: list[ToolCallRecord] = field(default_factory=list)  # inserted or updated
+    ticket_close: dict[str, Any] | None = None
+    ticket_open: Ticket | None = None
+    reconciliations: list[ReconciliationRecord] = field(default_factory=list)
+    clear_checkpoint: bool = False
+    notify: bool = False
+    create_thread: bool = False
+
+
+def _plan(
+    draft: CommitDraft,
+    head: ThreadHead,
+    new_head: ThreadHead,
+    before: RunView | None,
+    run: RunView | None,
+    lease: Lease | None,
+) -> _Writes:
     now = timezone.now()
     seq = new_head.version
-    if new_head.active_run_id != head.active_run_id:
-        Thread.objects.filter(id=draft.thread_id).update(active_run_id=new_head.active_run_id)
-    if draft.run_id is not None and run is not None:
-        _write_run(run, before, draft, seq, now, lease)
-    ThreadCommit.objects.create(
+    writes = _Writes(
         thread_id=draft.thread_id,
+        expected=head.version,
         seq=seq,
+        active_run_id=new_head.active_run_id,
         run_id=draft.run_id,
-        disposition=codec.dump_disposition(draft.disposition),
-        messages=[codec.dump_message(m) for m in draft.messages],
-        events=[codec.dump_event(e) for e in draft.events],
-        actor=draft.actor,
-    )
-    if draft.messages:
-        MessageRecord.objects.bulk_create(
+        lease=lease,
+        log=ThreadCommit(
+            thread_id=draft.thread_id,
+            seq=seq,
+            run_id=draft.run_id,
+            disposition=codec.dump_disposition(draft.disposition),
+            messages=[codec.dump_message(m) for m in draft.messages],
+            events=[codec.dump_event(e) for e in draft.events],
+            actor=draft.actor,
+            created_at=now,
+        ),
+        messages=[
             MessageRecord(
                 thread_id=draft.thread_id,
                 run_id=draft.run_id,
@@ -160,169 +260,360 @@ def _commit(draft: CommitDraft, lease: Lease | None) -> Committed:
                 meta=m.meta,
             )
             for i, m in enumerate(draft.messages)
-        )
-    _write_reconciliations(draft, seq)
-    runnable = (
-        run is not None
-        and run.state is RunState.RUNNING
-        and (before is None or before.state is not RunState.RUNNING)
+        ],
+        reconciliations=[
+            ReconciliationRecord(
+                thread_id=draft.thread_id,
+                call_id=e.call_id,
+                seq=seq,
+                outcome=e.outcome,
+                evidence=e.evidence,
+                actor=draft.actor,
+                created_at=now,
+            )
+            for e in draft.events
+            if isinstance(e, ReconciliationRecorded)
+        ],
     )
-    if runnable and connection.vendor == "postgresql":
-        with connection.cursor() as cursor:  # delivered by PostgreSQL only when we commit
-            cursor.execute("SELECT pg_notify(%s, %s)", [WAKE_CHANNEL, run.run_id])
-    notice = CommitNotice(
-        thread_id=draft.thread_id,
-        run_id=draft.run_id,
-        seq=seq,
-        state=run.state.value if run and draft.run_id else None,
-        runnable=runnable,
-    )
-    transaction.on_commit(partial(_announce, notice))
-    return Committed(seq=seq, head=new_head, run=run)
+    if draft.run_id is not None and run is not None:
+        _plan_run(writes, draft, before, run, now)
+    return writes
 
 
-def _announce(notice: CommitNotice) -> None:
-    log.info(
-        "commit thread=%s seq=%s run=%s state=%s",
-        notice.thread_id,
-        notice.seq,
-        notice.run_id,
-        notice.state,
-    )
-    commit_announced.send_robust(sender=CommitNotice, notice=notice)
-
-
-def _write_run(
-    run: RunView,
-    before: RunView | None,
-    draft: CommitDraft,
-    seq: int,
-    now: datetime,
-    lease: Lease | None,
+def _plan_run(
+    writes: _Writes, draft: CommitDraft, before: RunView | None, run: RunView, now: datetime
 ) -> None:
     fields = {
         "state": run.state.value,
         "end_cause": run.end_cause.value if run.end_cause else None,
         "error": run.error,
-        "version": seq,
+        "version": writes.seq,
         "step": run.step,
         "snapshot": codec.dump_run(run),
         "committed_at": now,
         "claims": 0,
+        "failures": 0,
     }
-    if lease is not None:  # a commit is also a heartbeat; the owner releases when it is done
-        fields["lease_expires_at"] = now + lease.ttl
+    if run.state is not RunState.RUNNING:  # nothing for a worker to do: the lease ends here
+        fields.update(lease_owner=None, lease_expires_at=None)
     if before is None:
         activation = draft.events[0]
-        Run.objects.create(
+        writes.run_insert = Run(
             id=run.run_id,
             thread_id=run.thread_id,
             agent=run.agent,
             metadata=getattr(activation, "metadata", None) or {},
             created_by=draft.actor,
+            created_at=now,
             **fields,
         )
     else:
-        rows = Run.objects.filter(id=run.run_id)
-        if lease is not None:  # fence: only the lease holder of this epoch may write
-            rows = rows.filter(lease_owner=lease.worker_id, lease_epoch=lease.epoch)
-        if rows.update(**fields) != 1:
-            raise LeaseLost(run_id=run.run_id, worker_id=lease.worker_id if lease else None)
-    _write_calls(run, before, draft, seq, now)
+        writes.run_update = fields
+        writes.run_version = before.version
+    writes.calls = _changed_calls(run, before, now)
+    _plan_tickets(writes, draft, before, run, now)
+    writes.clear_checkpoint = any(isinstance(e, StepCommitted) for e in draft.events)
+    writes.notify = run.state is RunState.RUNNING and (
+        before is None or before.state is not RunState.RUNNING
+    )
 
 
-def _call_fields(call: ToolCall, finalized: bool) -> dict:
-    return {
-        "phase": call.phase.value,
-        "attempt": call.attempt,
-        "approved": call.approved,
-        "ticket_id": call.ticket_id,
-        "result": call.result,
-        "is_error": call.is_error,
-        "effect_may_have_started": call.effect_may_have_started,
-        "batch_finalized": finalized,
-    }
-
-
-def _write_calls(
-    run: RunView, before: RunView | None, draft: CommitDraft, seq: int, now: datetime
-) -> None:
+def _changed_calls(run: RunView, before: RunView | None, now: datetime) -> list[ToolCallRecord]:
     old_batches = before.batches if before else ()
-    new_records = []
+    rows = []
     for i, batch in enumerate(run.batches):
         old = old_batches[i] if i < len(old_batches) else None
         if old == batch:
             continue
         for call in batch.calls:
             previous = old.call(call.call_id) if old else None
-            if previous is None:
-                new_records.append(
-                    ToolCallRecord(
-                        id=call.call_id,
-                        run_id=run.run_id,
-                        step=batch.step,
-                        index=call.index,
-                        tool_call_id=call.tool_call_id,
-                        name=call.name,
-                        arguments=call.arguments,
-                        arguments_text=call.arguments_text,
-                        operation_id=call.operation_id,
-                        policy=call.policy.value,
-                        permission=call.permission.value,
-                        max_attempts=call.max_attempts,
-                        **_call_fields(call, batch.finalized),
-                    )
-                )
-            elif previous != call or old.finalized != batch.finalized:
-                ToolCallRecord.objects.filter(id=call.call_id).update(
-                    updated_at=now, **_call_fields(call, batch.finalized)
-                )
-    if new_records:
-        ToolCallRecord.objects.bulk_create(new_records)
-    _write_tickets(run, before, draft, seq, now)
+            if previous != call or old is None or old.finalized != batch.finalized:
+                rows.append(_call_record(run.run_id, batch, call, now))
+    return rows
 
 
-def _write_tickets(
-    run: RunView, before: RunView | None, draft: CommitDraft, seq: int, now: datetime
+def _call_record(run_id: str, batch: ToolBatch, call: ToolCall, now: datetime) -> ToolCallRecord:
+    return ToolCallRecord(
+        id=call.call_id,
+        run_id=run_id,
+        step=batch.step,
+        index=call.index,
+        tool_call_id=call.tool_call_id,
+        name=call.name,
+        arguments=call.arguments,
+        arguments_text=call.arguments_text,
+        operation_id=call.operation_id,
+        policy=call.policy.value,
+        permission=call.permission.value,
+        max_attempts=call.max_attempts,
+        phase=call.phase.value,
+        attempt=call.attempt,
+        approved=call.approved,
+        ticket_id=call.ticket_id,
+        result=call.result,
+        is_error=call.is_error,
+        effect_may_have_started=call.effect_may_have_started,
+        batch_finalized=batch.finalized,
+        updated_at=now,
+    )
+
+
+# The columns a call's commit may change; the rest are fixed when its batch opens.
+CALL_PROGRESS = (
+    "phase",
+    "attempt",
+    "approved",
+    "ticket_id",
+    "result",
+    "is_error",
+    "effect_may_have_started",
+    "batch_finalized",
+    "updated_at",
+)
+
+
+def _plan_tickets(
+    writes: _Writes, draft: CommitDraft, before: RunView | None, run: RunView, now: datetime
 ) -> None:
-    old_ticket = before.ticket if before else None
-    if old_ticket is not None and run.ticket != old_ticket:
+    old = before.ticket if before else None
+    if old is not None and run.ticket != old:
         resumed = next((e for e in draft.events if isinstance(e, CallResumed)), None)
-        Ticket.objects.filter(id=old_ticket.id).update(
-            state="consumed" if resumed else "void",
-            decision=resumed.decision.value if resumed else "",
-            closed_seq=seq,
-            closed_at=now,
-            closed_by=draft.actor,
-        )
+        writes.ticket_close = {
+            "id": old.id,
+            "state": "consumed" if resumed else "void",
+            "decision": resumed.decision.value if resumed else "",
+            "closed_seq": writes.seq,
+            "closed_at": now,
+            "closed_by": draft.actor,
+        }
     ticket = run.ticket
-    if ticket is not None and ticket != old_ticket:
-        Ticket.objects.create(
+    if ticket is not None and ticket != old:
+        writes.ticket_open = Ticket(
             id=ticket.id,
             run_id=run.run_id,
             call_id=ticket.call_id,
             kind=ticket.kind.value,
             request=ticket.request,
             schema=ticket.schema,
-            opened_seq=seq,
+            opened_seq=writes.seq,
+            created_at=now,
         )
 
 
-def _write_reconciliations(draft: CommitDraft, seq: int) -> None:
-    records = [
-        ReconciliationRecord(
-            thread_id=draft.thread_id,
-            call_id=e.call_id,
-            seq=seq,
-            outcome=e.outcome,
-            evidence=e.evidence,
-            actor=draft.actor,
+# -- the ORM writer (SQLite, and any backend without data-modifying CTEs) -------------------------
+
+
+def _write_orm(w: _Writes) -> bool:
+    """Write ``w`` statement by statement inside the caller's transaction; False when the
+    thread or the run moved (or the lease is gone) and nothing was written."""
+    if w.create_thread:
+        Thread.objects.create(id=w.thread_id, version=w.seq, active_run_id=w.active_run_id)
+    elif not Thread.objects.filter(id=w.thread_id, version=w.expected).update(
+        version=w.seq, active_run_id=w.active_run_id
+    ):
+        return False
+    if w.run_insert is not None:
+        w.run_insert.save(force_insert=True)
+    elif w.run_update is not None:
+        fields = dict(w.run_update)
+        rows = Run.objects.filter(id=w.run_id, version=w.run_version)
+        if w.lease is not None:  # fence: only the lease holder of this epoch may write
+            rows = rows.filter(lease_owner=w.lease.worker_id, lease_epoch=w.lease.epoch)
+            if "lease_expires_at" not in fields:  # a commit is also a heartbeat
+                fields["lease_expires_at"] = timezone.now() + w.lease.ttl
+        if rows.update(**fields) != 1:
+            transaction.set_rollback(True)
+            return False
+    w.log.save(force_insert=True)
+    MessageRecord.objects.bulk_create(w.messages)
+    if w.calls:
+        ToolCallRecord.objects.bulk_create(
+            w.calls, update_conflicts=True, unique_fields=["id"], update_fields=CALL_PROGRESS
         )
-        for e in draft.events
-        if isinstance(e, ReconciliationRecorded)
+    if w.ticket_close is not None:
+        close = dict(w.ticket_close)
+        Ticket.objects.filter(id=close.pop("id")).update(**close)
+    if w.ticket_open is not None:
+        w.ticket_open.save(force_insert=True)
+    ReconciliationRecord.objects.bulk_create(w.reconciliations)
+    if w.clear_checkpoint:
+        StreamCheckpoint.objects.filter(run_id=w.run_id).delete()
+    return True
+
+
+# -- the PostgreSQL writer: one statement ---------------------------------------------------
+
+
+def _write_postgres(w: _Writes) -> bool:
+    """Write ``w`` in one statement; False when the thread moved (nothing was written).
+
+    Raises IntegrityError (``commit_disposition_needs_run``) when the head moved but the run
+    did not match (moved, or fenced): the statement, and so every part of it, is undone.
+    """
+    parts, params = _statement(w)
+    with connection.cursor() as cursor:
+        cursor.execute(parts, params)
+        moved = cursor.fetchone()[0]
+    return bool(moved)
+
+
+def _statement(w: _Writes) -> tuple[str, dict[str, Any]]:
+    thread, run, commit_t = (_table(m) for m in (Thread, Run, ThreadCommit))
+    params: dict[str, Any] = {
+        "thread": w.thread_id,
+        "expected": w.expected,
+        "seq": w.seq,
+        "active": w.active_run_id,
+        "run_id": w.run_id,
+        "log": json.dumps(_rows([w.log])[0]),
+    }
+    if w.lease is not None:
+        params.update(owner=w.lease.worker_id, epoch=w.lease.epoch, ttl=w.lease.ttl.total_seconds())
+    if w.create_thread:
+        params["now"] = w.log.created_at
+        head = (
+            f"INSERT INTO {thread} (id, version, active_run_id, metadata, created_at) "
+            "VALUES (%(thread)s, %(seq)s, %(active)s, '{}'::jsonb, %(now)s) RETURNING id"
+        )
+    else:
+        head = (
+            f"UPDATE {thread} SET version = %(seq)s, active_run_id = %(active)s "
+            "WHERE id = %(thread)s AND version = %(expected)s RETURNING id"
+        )
+    ctes = [f"head AS ({head})"]
+    if w.run_insert is not None:
+        params["run"] = json.dumps(_rows([w.run_insert])[0])
+        ctes.append(f"run_row AS ({_insert_sql(Run, 'run', source='head')} RETURNING id)")
+    elif w.run_update is not None:
+        params["run"] = json.dumps(_column_values(Run, w.run_update))
+        params["run_version"] = w.run_version
+        ctes.append(f"run_row AS ({_update_run_sql(w)})")
+    else:
+        ctes.append("run_row AS (SELECT NULL::varchar AS id WHERE false)")
+    log_columns = [c for c in _columns(ThreadCommit) if c != "run_id"]
+    ctes.append(
+        f"log AS (INSERT INTO {commit_t} ({_names(log_columns)}, run_id) "
+        f"SELECT {_names(log_columns, 'x')}, (SELECT id FROM run_row) "
+        f"FROM head, jsonb_populate_record(NULL::{commit_t}, %(log)s::jsonb) AS x)"
+    )
+    for name, model, rows, extra in (
+        ("messages", MessageRecord, w.messages, ""),
+        ("calls", ToolCallRecord, w.calls, _upsert_sql(ToolCallRecord, CALL_PROGRESS)),
+        ("recs", ReconciliationRecord, w.reconciliations, ""),
+        ("ticket_open", Ticket, [w.ticket_open] if w.ticket_open else [], ""),
+    ):
+        if rows:
+            params[name] = json.dumps(_rows(rows))
+            ctes.append(f"{name} AS ({_insert_sql(model, name, many=True)} {extra})")
+    if w.ticket_close is not None:
+        params["ticket_close"] = json.dumps(_column_values(Ticket, w.ticket_close))
+        params["ticket_close_id"] = w.ticket_close["id"]
+        ctes.append(f"ticket_close AS ({_close_ticket_sql()})")
+    if w.clear_checkpoint:
+        ctes.append(
+            f"checkpoint AS (DELETE FROM {_table(StreamCheckpoint)} USING head "
+            "WHERE run_id = %(run_id)s)"
+        )
+    final = "SELECT (SELECT count(*) FROM head)"
+    if w.notify:  # delivered by PostgreSQL only when the statement's transaction commits
+        params["channel"] = WAKE_CHANNEL
+        ctes.append("wake AS (SELECT pg_notify(%(channel)s, %(run_id)s) FROM head)")
+        final += ", (SELECT count(*) FROM wake)"  # a plain CTE runs only when it is read
+    return "WITH " + ",\n".join(ctes) + "\n" + final, params
+
+
+def _update_run_sql(w: _Writes) -> str:
+    assert w.run_update is not None
+    run = _table(Run)
+    columns = list(_column_values(Run, w.run_update))
+    fence = ""
+    renew = ""
+    if w.lease is not None:
+        fence = " AND r.lease_owner = %(owner)s AND r.lease_epoch = %(epoch)s"
+        if "lease_expires_at" not in columns:  # a commit is also a heartbeat, on the db clock
+            renew = ", lease_expires_at = now() + make_interval(secs => %(ttl)s)"
+    return (
+        f"UPDATE {run} AS r SET ({_names(columns)}) = "
+        f"(SELECT {_names(columns, 'x')} FROM jsonb_populate_record(NULL::{run}, %(run)s::jsonb)"
+        f" AS x){renew} FROM head WHERE r.id = %(run_id)s AND r.version = %(run_version)s{fence}"
+        " RETURNING r.id"
+    )
+
+
+def _close_ticket_sql() -> str:
+    ticket = _table(Ticket)
+    columns = ("state", "decision", "closed_seq", "closed_at", "closed_by")
+    return (
+        f"UPDATE {ticket} AS t SET ({_names(columns)}) = (SELECT {_names(columns, 'x')} "
+        f"FROM jsonb_populate_record(NULL::{ticket}, %(ticket_close)s::jsonb) AS x) "
+        "FROM head WHERE t.id = %(ticket_close_id)s"
+    )
+
+
+@cache
+def _table(model: type[models.Model]) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def _names(columns: list[str] | tuple[str, ...], alias: str | None = None) -> str:
+    quote = connection.ops.quote_name
+    return ", ".join(f"{alias}.{quote(c)}" if alias else quote(c) for c in columns)
+
+
+@cache
+def _columns(model: type[models.Model]) -> list[str]:
+    """The columns an insert writes: every concrete field but an auto-incremented key."""
+    return [f.column for f in model._meta.concrete_fields if not isinstance(f, models.AutoField)]
+
+
+def _insert_sql(model: type[models.Model], param: str, *, source: str = "", many: bool = False):
+    """``INSERT ... SELECT`` of the rows in the jsonb parameter ``param``, typed by the table's
+    own row type, after the head moved."""
+    table = _table(model)
+    columns = _columns(model)
+    rows = (
+        f"jsonb_populate_recordset(NULL::{table}, %({param})s::jsonb)"
+        if many
+        else f"jsonb_populate_record(NULL::{table}, %({param})s::jsonb)"
+    )
+    return (
+        f"INSERT INTO {table} ({_names(columns)}) SELECT {_names(columns, 'x')} "
+        f"FROM head, {rows} AS x"
+    )
+
+
+def _upsert_sql(model: type[models.Model], update: tuple[str, ...]) -> str:
+    quote = connection.ops.quote_name
+    sets = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in update)
+    return f"ON CONFLICT (id) DO UPDATE SET {sets}"
+
+
+def _rows(objs: list[models.Model]) -> list[dict[str, Any]]:
+    """Column values of unsaved instances, as JSON the table's row type reads back."""
+    return [
+        {
+            f.column: _json_value(f.get_prep_value(getattr(obj, f.attname)))
+            for f in obj._meta.concrete_fields
+            if not isinstance(f, models.AutoField)
+        }
+        for obj in objs
     ]
-    if records:
-        ReconciliationRecord.objects.bulk_create(records)
+
+
+def _column_values(model: type[models.Model], values: dict[str, Any]) -> dict[str, Any]:
+    fields = {f.name: f for f in model._meta.concrete_fields}
+    return {
+        fields[name].column: _json_value(fields[name].get_prep_value(value))
+        for name, value in values.items()
+        if name != "id"
+    }
+
+
+def _json_value(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+# -- reads for surfaces ----------------------------------------------------------------------------
 
 
 def executing_attempts(run_id: str, call_id: str) -> list[dict]:

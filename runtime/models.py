@@ -58,7 +58,10 @@ class Run(models.Model):
     lease_owner = models.CharField(max_length=200, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_epoch = models.PositiveIntegerField(default=0)
-    claims = models.PositiveIntegerField(default=0)  # claims since the last commit (poison)
+    # Poison accounting since the last commit: every claim, and the claims whose driving
+    # failed in a way that points at the run (an exception), as opposed to a lost worker.
+    claims = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)
 
     objects = RunQuerySet.as_manager()
 
@@ -93,7 +96,13 @@ class ThreadCommit(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["thread", "seq"], name="commit_seq_unique_per_thread")
+            models.UniqueConstraint(fields=["thread", "seq"], name="commit_seq_unique_per_thread"),
+            # A disposition belongs to a run's commit; only a thread note has neither. The
+            # coordinator relies on this to undo a commit whose run did not match.
+            models.CheckConstraint(
+                condition=Q(run__isnull=False) | Q(disposition__isnull=True),
+                name="commit_disposition_needs_run",
+            ),
         ]
         indexes = [models.Index(fields=["run", "seq"], name="commit_run_seq")]
 
@@ -198,6 +207,7 @@ class LateEvidence(models.Model):
     result = models.TextField()
     is_error = models.BooleanField(default=False)
     worker = models.CharField(max_length=200, blank=True, default="")
+    attempt = models.PositiveIntegerField(default=0)  # the executor attempt that produced it
     created_at = models.DateTimeField(auto_now_add=True)
 
 

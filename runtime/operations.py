@@ -12,13 +12,14 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from django.db import IntegrityError, transaction
 
 from runtime import conf
 from runtime.agents import get_agent
-from runtime.coordinator import commit, read_head, read_run
+from runtime.coordinator import commit, read_frontier, read_head, read_run
 from runtime.documents import run_document
 from runtime.domain.commit import CommitDraft, check_resume, end_cause_reason, ending
 from runtime.domain.events import CallResumed, ReconciliationRecorded, RunActivated
@@ -40,7 +41,7 @@ from runtime.errors import (
     ScriptRefused,
     VersionConflict,
 )
-from runtime.models import CommandRecord, Thread, ToolCallRecord
+from runtime.models import CommandRecord, Thread, ToolCallRecord, new_id
 from runtime.providers.scripted import parse_script
 from runtime.untrusted import UntrustedJSONError, answer_problem, check_depth
 
@@ -90,21 +91,27 @@ def start_run(
         parse_script(metadata["script"])
     messages = _messages_from_input(input)
     run_id = uuid.uuid4().hex
-    with transaction.atomic():
-        if thread_id is None:
-            thread_id = Thread.objects.create().id
-        head = read_head(thread_id)
-        commit(
-            CommitDraft(
-                thread_id=thread_id,
-                run_id=run_id,
-                expected_version=head.version,
-                disposition=Disposition.running(),
-                messages=messages,
-                events=(RunActivated(run_id=run_id, agent=agent, metadata=metadata),),
-                actor=actor,
-            )
-        )
+    new_thread = thread_id is None
+    draft = CommitDraft(
+        thread_id=new_id() if new_thread else thread_id,
+        run_id=run_id,
+        expected_version=0,
+        disposition=Disposition.running(),
+        messages=messages,
+        events=(RunActivated(run_id=run_id, agent=agent, metadata=metadata),),
+        actor=actor,
+    )
+    if new_thread:  # the thread comes into being with its first commit, in one write
+        commit(draft, new_thread=True)
+        return run_id
+    for attempt in range(CONFLICT_RETRIES):  # a racing start makes the next try see its run
+        head, _ = read_frontier(draft.thread_id, None)
+        try:
+            commit(replace(draft, expected_version=head.version), head=head, before=None)
+            break
+        except VersionConflict:
+            if attempt == CONFLICT_RETRIES - 1:
+                raise
     return run_id
 
 

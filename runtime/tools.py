@@ -19,15 +19,48 @@ from runtime.domain.model import Permission, RecoveryPolicy
 from runtime.untrusted import UntrustedJSONError, parse_object
 
 
+class Fenced(Exception):
+    """This worker no longer owns the run: another took it over; the effect must not apply."""
+
+
 @dataclass(frozen=True, slots=True)
 class ToolContext:
-    """What a tool knows of its call: pass ``operation_id`` downstream to deduplicate."""
+    """What a tool knows of its call.
+
+    Pass ``operation_id`` downstream to deduplicate, and ``(worker_id, lease_epoch)`` as a
+    fencing token where the downstream system can check one. ``still_owner()`` is a cheap
+    look (one indexed read) right before an effect; ``fence()`` holds the run's lease for the
+    rest of the caller's database transaction, so an effect written in that transaction
+    cannot land beside a takeover's (issue: "commits are fenced; effects are not").
+    """
 
     run_id: str
     call_id: str
     operation_id: str
     attempt: int
     worker_id: str
+    lease_epoch: int = 0
+
+    def _lease(self) -> Any:
+        from runtime.models import Run
+
+        return Run.objects.filter(
+            id=self.run_id,
+            state="running",
+            lease_owner=self.worker_id,
+            lease_epoch=self.lease_epoch,
+        )
+
+    def still_owner(self) -> bool:
+        """True while this worker's claim (its lease epoch) still owns the Running run."""
+        return self._lease().exists()
+
+    def fence(self) -> None:
+        """Inside ``transaction.atomic()``: lock the run's row while this claim owns it, so
+        no other worker can take it over before the transaction ends (a claim skips locked
+        rows). Raises Fenced when this claim no longer owns the run."""
+        if not self._lease().select_for_update().values_list("id", flat=True).first():
+            raise Fenced(f"run {self.run_id} is no longer owned by lease {self.lease_epoch}")
 
 
 class ToolError(Exception):

@@ -1,31 +1,40 @@
 """The worker: claims runnable Runs under a lease, drives them, and wakes promptly.
 
-Claims use ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL and the IMMEDIATE write lock on
-SQLite; each claim bumps the run's lease epoch, and every commit of the owner is fenced on
-(owner, epoch), so a stale owner whose lease expired can write nothing more. A heartbeat
-renews the lease while the owner works. A run that is claimed more than the poison budget
-without a single commit ends as Ended(indeterminate) rather than killing workers forever.
+A claim is one statement: ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)
+RETURNING`` on PostgreSQL (the IMMEDIATE write lock on SQLite) that bumps the run's lease
+epoch and returns everything the driver needs (the committed RunView, the thread's version,
+the run's metadata), so a claimed run is driven without another read. Every commit of the
+owner is fenced on (owner, epoch), so a stale owner whose lease expired can write nothing
+more. Leases are stamped and judged on the database's clock. One heartbeat thread per worker
+renews all the leases it holds in one statement.
+
+Poison: a run whose driving raised ``RUNTIME_POISON_CLAIMS`` times without a commit ends as
+Ended(indeterminate). A claim lost with its worker (the process died) does not point at the
+run, so it counts only toward the much larger ``RUNTIME_POISON_DEATHS`` (like DBOS's
+recovery-attempt limit), which still ends a run that keeps killing every worker.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
 from dataclasses import dataclass
+from typing import Any
 
-from django.db import close_old_connections, connection, connections, transaction
-from django.db.models import F
+from django.db import connection, connections, transaction
+from django.db.models import F, Q
 from django.db.models.functions import Greatest
-from django.utils import timezone
 
-from runtime import conf
+from runtime import codec, conf
 from runtime.coordinator import WAKE_CHANNEL, Lease
-from runtime.domain.model import EndCause
+from runtime.db import db_later, db_now, keep_usable
+from runtime.domain.model import EndCause, RunState
 from runtime.errors import LeaseLost
-from runtime.loop import ToolThread, drive
-from runtime.models import Run
+from runtime.loop import Frontier, ToolThread, drive
+from runtime.models import Run, Thread
 from runtime.operations import end_run
 from runtime.signals import commit_announced
 
@@ -40,84 +49,138 @@ def default_worker_id() -> str:
 class Claim:
     run_id: str
     lease: Lease
-    claims: int
+    claims: int  # claims since the last commit, this one included
+    failures: int  # of those, the ones whose driving raised
+    frontier: Frontier | None = None
 
 
 def claim(worker_id: str) -> Claim | None:
     """Take the lease of the oldest runnable run, or return None when none is runnable."""
-    now = timezone.now()
     ttl = conf.lease_ttl()
-    with transaction.atomic():
-        rows = Run.objects.runnable(now).order_by("committed_at")
-        if connection.vendor == "postgresql":
-            rows = rows.select_for_update(skip_locked=True)
-        row = rows.values("id", "lease_epoch", "claims").first()
+    if connection.vendor == "postgresql":
+        return _claim_postgres(worker_id, ttl)
+    with transaction.atomic():  # IMMEDIATE: the write lock is taken at BEGIN
+        row = (
+            Run.objects.runnable(db_now())
+            .order_by("committed_at")
+            .values("id", "lease_epoch")
+            .first()
+        )
         if row is None:
             return None
-        epoch = row["lease_epoch"] + 1
-        taken = Run.objects.filter(id=row["id"], lease_epoch=row["lease_epoch"]).update(
+        Run.objects.filter(id=row["id"]).update(
             lease_owner=worker_id,
-            lease_expires_at=now + ttl,
-            lease_epoch=epoch,
+            lease_expires_at=db_later(ttl),
+            lease_epoch=F("lease_epoch") + 1,
             claims=F("claims") + 1,
         )
-        if taken != 1:  # another process got there first
-            return None
-    return Claim(row["id"], Lease(worker_id=worker_id, epoch=epoch, ttl=ttl), row["claims"] + 1)
+        taken = Run.objects.filter(id=row["id"]).values(*CLAIMED).first()
+        version = Thread.objects.filter(id=taken["thread_id"]).values_list("version", flat=True)
+        return _claimed(worker_id, ttl, (*taken.values(), version.first()))
 
 
-def renew(lease: Lease, run_id: str) -> str:
-    """Extend the lease of a Running run. Return "held", "ended" (another writer moved the
-    run out of Running: an operator's cancel) or "lost" (another worker took it over)."""
-    mine = Run.objects.filter(id=run_id, lease_owner=lease.worker_id, lease_epoch=lease.epoch)
-    if mine.filter(state="running").update(lease_expires_at=timezone.now() + lease.ttl):
-        return "held"
-    return "ended" if mine.exists() else "lost"
+CLAIMED = ("id", "thread_id", "lease_epoch", "claims", "failures", "snapshot", "metadata")
 
 
-def release(lease: Lease, run_id: str, *, graceful: bool = False) -> None:
-    """Give the run back (a stop while it is still Running).
+def _claim_postgres(worker_id: str, ttl: Any) -> Claim | None:
+    run, thread = Run._meta.db_table, Thread._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {run} AS r SET lease_owner = %s, lease_expires_at = now() + %s, "
+            "lease_epoch = r.lease_epoch + 1, claims = r.claims + 1 "
+            f"FROM {thread} AS t WHERE t.id = r.thread_id AND r.id = ("
+            f"  SELECT id FROM {run} WHERE state = 'running' "
+            "  AND (lease_expires_at IS NULL OR lease_expires_at < now()) "
+            "  ORDER BY committed_at LIMIT 1 FOR UPDATE SKIP LOCKED) "
+            "RETURNING r.id, r.thread_id, r.lease_epoch, r.claims, r.failures, r.snapshot, "
+            "r.metadata, t.version",
+            [worker_id, ttl],
+        )
+        row = cursor.fetchone()
+    return _claimed(worker_id, ttl, row) if row else None
 
-    A graceful stop takes its claim back from the poison budget: the run did not kill the
-    worker, so rolling restarts never end a healthy run as poison.
-    """
-    fields = {"lease_owner": None, "lease_expires_at": None}
-    if graceful:
-        fields["claims"] = Greatest(F("claims") - 1, 0)
-    Run.objects.filter(id=run_id, lease_owner=lease.worker_id, lease_epoch=lease.epoch).update(
-        **fields
+
+def _claimed(worker_id: str, ttl: Any, row: tuple[Any, ...]) -> Claim:
+    run_id, _thread, epoch, claims, failures, snapshot, metadata, version = row
+    if isinstance(snapshot, str):  # a raw cursor on PostgreSQL hands jsonb over as text
+        snapshot, metadata = json.loads(snapshot), json.loads(metadata)
+    return Claim(
+        run_id,
+        Lease(worker_id=worker_id, epoch=epoch, ttl=ttl),
+        claims,
+        failures,
+        Frontier(run=codec.load_run(snapshot), version=version, metadata=metadata or {}),
     )
 
 
-class Heartbeat(threading.Thread):
-    """Renews one lease every RUNTIME_HEARTBEAT_SECONDS; ``stop_driving`` is set when the
-    lease is lost or the run left Running behind the owner's back (so that a replay-safe call
-    in flight is abandoned at once)."""
+def release(lease: Lease, run_id: str, *, failed: bool = False) -> None:
+    """Give a still-Running run back (the worker stops, or its driving failed).
 
-    def __init__(self, claim: Claim) -> None:
-        super().__init__(name=f"heartbeat-{claim.run_id}", daemon=True)
-        self.claim = claim
+    A graceful stop takes its claim back from the poison budget (rolling restarts never end a
+    healthy run as poison); a failure is counted as one that points at the run.
+    """
+    fields: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
+    if failed:
+        fields["failures"] = F("failures") + 1
+    else:
+        fields["claims"] = Greatest(F("claims") - 1, 0)
+    Run.objects.filter(
+        id=run_id, state="running", lease_owner=lease.worker_id, lease_epoch=lease.epoch
+    ).update(**fields)
+
+
+class Heartbeat(threading.Thread):
+    """Renews every lease this worker holds, every RUNTIME_HEARTBEAT_SECONDS, in one statement.
+
+    A lease that could not be renewed is marked released: the run left Running behind the
+    owner's back (an operator's cancel) or another worker took it over; its driver then stops
+    at once, abandoning a call in flight.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self.held: dict[str, Lease] = {}
+        self.released: set[str] = set()
+        self.lock = threading.Lock()
         self.done = threading.Event()
-        self.stop_driving = threading.Event()
-        self.lost = False
+
+    def hold(self, run_id: str, lease: Lease) -> None:
+        with self.lock:
+            self.held[run_id] = lease
+            self.released.discard(run_id)
+
+    def drop(self, run_id: str) -> None:
+        with self.lock:
+            self.held.pop(run_id, None)
+            self.released.discard(run_id)
+
+    def is_released(self, run_id: str) -> bool:
+        return run_id in self.released
 
     def run(self) -> None:
         try:
             while not self.done.wait(conf.heartbeat_seconds()):
-                status = renew(self.claim.lease, self.claim.run_id)
-                if status == "held":
-                    continue
-                if not self.done.is_set():
-                    log.warning(
-                        "run %s: %s",
-                        self.claim.run_id,
-                        "lease lost" if status == "lost" else "ended by another writer",
-                    )
-                self.lost = status == "lost"
-                self.stop_driving.set()
-                return
+                self.beat()
         finally:
             connection.close()
+
+    def beat(self) -> None:
+        with self.lock:
+            held = dict(self.held)
+        if not held:
+            return
+        keep_usable()
+        owned = Q()
+        for run_id, lease in held.items():
+            owned |= Q(id=run_id, lease_owner=lease.worker_id, lease_epoch=lease.epoch)
+        mine = Run.objects.filter(owned, state="running")
+        mine.update(lease_expires_at=db_later(conf.lease_ttl()))
+        renewed = set(mine.values_list("id", flat=True))
+        with self.lock:
+            for run_id in held.keys() - renewed:
+                if run_id in self.held:
+                    log.warning("run %s: lease lost or run ended by another writer", run_id)
+                    self.released.add(run_id)
 
 
 class Worker:
@@ -135,6 +198,7 @@ class Worker:
         self.until_idle = until_idle
         self.stopping = threading.Event()
         self.wake = threading.Event()
+        self.heartbeat = Heartbeat()
 
     # -- signals of new work --------------------------------------------------------------
 
@@ -165,42 +229,55 @@ class Worker:
 
         ``tools`` is the loop's tool thread (one per loop, so tool calls reuse a connection).
         """
-        close_old_connections()
+        keep_usable()
         taken = claim(self.worker_id)
         if taken is None:
             return False
         log.info("run %s: claimed (epoch %s)", taken.run_id, taken.lease.epoch)
-        if taken.claims > conf.poison_claims():
-            reason = f"the run stopped {taken.claims - 1} workers without a commit"
-            log.error("run %s: poison run; ending it: %s", taken.run_id, reason)
-            end_run(
-                taken.run_id,
-                EndCause.INDETERMINATE,
-                actor=f"worker:{self.worker_id}",
-                reason=reason,
-            )
+        if self._poisoned(taken):
             return True
-        beat = Heartbeat(taken)
-        beat.start()
-        graceful = False
-        try:
-            drive(
-                taken.run_id,
-                lease=taken.lease,
-                should_stop=lambda: self.stopping.is_set() or beat.stop_driving.is_set(),
-                tools=tools,
-            )
-            graceful = True
-        except LeaseLost:
-            log.warning("run %s: fenced; another worker owns it now", taken.run_id)
-        except Exception:  # counted by the poison budget: the next claim starts over
-            log.exception("run %s: driving failed; the run is left to recovery", taken.run_id)
-        finally:
-            beat.done.set()
-            beat.join()
-            if not beat.lost:
-                release(taken.lease, taken.run_id, graceful=graceful)
+        self._drive(taken, tools)
         return True
+
+    def _poisoned(self, taken: Claim) -> bool:
+        """End the run as Ended(indeterminate) when it is past its poison budget."""
+        deaths = taken.claims - 1 - taken.failures  # earlier claims lost with their worker
+        if taken.failures >= conf.poison_claims():
+            reason = f"driving the run failed {taken.failures} times without a commit"
+        elif deaths >= conf.poison_deaths():
+            reason = f"the run stopped {deaths} workers without a commit"
+        else:
+            return False
+        log.error("run %s: poison run; ending it: %s", taken.run_id, reason)
+        end_run(
+            taken.run_id, EndCause.INDETERMINATE, actor=f"worker:{self.worker_id}", reason=reason
+        )
+        return True
+
+    def _drive(self, taken: Claim, tools: ToolThread | None) -> None:
+        run_id = taken.run_id
+        self.heartbeat.hold(run_id, taken.lease)
+        failed, left = False, None
+        try:
+            left = drive(
+                run_id,
+                lease=taken.lease,
+                should_stop=lambda: self.stopping.is_set() or self.heartbeat.is_released(run_id),
+                released=lambda: self.heartbeat.is_released(run_id),
+                tools=tools,
+                frontier=taken.frontier,
+            )
+        except LeaseLost:
+            log.warning("run %s: fenced; another worker owns it now", run_id)
+        except Exception:  # counted by the poison budget: the next claim starts over
+            log.exception("run %s: driving failed; the run is left to recovery", run_id)
+            failed = True
+        finally:
+            self.heartbeat.drop(run_id)
+        # An ended or awaiting run gave its lease up in its last commit; only a run left
+        # Running (a stop, a failure) is released here.
+        if left is None or left.state is RunState.RUNNING:
+            release(taken.lease, run_id, failed=failed)
 
     def idle(self) -> bool:
         """True when no run is Running at all (Awaiting and Ended runs need no worker)."""
@@ -225,6 +302,7 @@ class Worker:
         commit_announced.connect(self._on_commit, weak=False, dispatch_uid=id(self))
         if connection.vendor == "postgresql":
             threading.Thread(target=self._listen_postgres, name="listen", daemon=True).start()
+        self.heartbeat.start()
         threads = [
             threading.Thread(target=self.loop, name=f"worker-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -237,6 +315,7 @@ class Worker:
                     thread.join(0.2)
         finally:
             self.stopping.set()
+            self.heartbeat.done.set()
             commit_announced.disconnect(dispatch_uid=id(self))
 
     def stop(self) -> None:

@@ -8,8 +8,8 @@ import os
 import time
 from typing import Annotated, Any
 
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
+from django.utils import timezone
 from pydantic import Field
 
 from runtime.agents import Agent, ProviderConfig
@@ -21,14 +21,22 @@ Key = Annotated[str, Field(min_length=1, max_length=200, description="what to re
 
 
 def _apply(ctx: ToolContext, key: str, tool_name: str) -> dict[str, Any]:
-    """Record the effect once per operation id; count every repeated application."""
+    """Record the effect once per operation id; count every repeated application.
+
+    The write is fenced: it lands only while this worker's claim owns the run, and the claim
+    is held until it commits, so a worker paused mid-effect cannot apply it beside the worker
+    that took its run over. One upsert counts a repeat.
+    """
     with transaction.atomic():
-        row, created = LedgerEffect.objects.get_or_create(
-            operation_id=ctx.operation_id,
-            defaults={"key": key, "tool": tool_name, "run_id": ctx.run_id},
-        )
-        if not created:
-            LedgerEffect.objects.filter(pk=row.pk).update(applied=F("applied") + 1)
+        ctx.fence()
+        table = connection.ops.quote_name(LedgerEffect._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (operation_id, key, tool, run_id, applied, created_at) "
+                "VALUES (%s, %s, %s, %s, 1, %s) "
+                f"ON CONFLICT (operation_id) DO UPDATE SET applied = {table}.applied + 1",
+                [ctx.operation_id, key, tool_name, ctx.run_id, timezone.now()],
+            )
     return {"recorded": key, "operation_id": ctx.operation_id}
 
 

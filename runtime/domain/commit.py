@@ -155,6 +155,18 @@ def _apply_event(run: RunView, event: Event) -> RunView:  # noqa: C901 - one bra
     raise InvalidCommit(f"unknown event {event!r}")
 
 
+def stage(run: RunView, events: Iterable[Event]) -> RunView:
+    """Return ``run`` with ``events`` applied as a commit would apply them, disposition aside.
+
+    A worker acts on this view while a terminal result waits to be committed together with
+    the next boundary (README, "Commits that merge"); the commit validates them again. Raises
+    what ``apply_commit`` raises for an illegal event.
+    """
+    for event in events:
+        run = _apply_event(run, event)
+    return run
+
+
 def _open_batch(run: RunView, step: int, calls: tuple[ToolCall, ...]) -> RunView:
     if run.open_batch is not None:
         raise InvalidCommit("the run already has an open batch")

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
-from runtime import coordinator, fsck
+from runtime import fsck
 from runtime.coordinator import commit, read_head, read_run
 from runtime.domain.commit import fold
 from runtime.domain.model import EndCause, RunState
@@ -112,26 +112,21 @@ def test_a_worker_step_and_an_operator_cancel_race(make_run):
     assert_linear_and_folded(run.thread_id)
 
 
-def test_the_loser_waits_for_the_winner_then_conflicts(make_run, monkeypatch):
-    """Force the overlap: the first writer holds its transaction open after writing its log
-    row; the second must wait on the lock (not read a stale head) and then conflict."""
+def test_the_loser_waits_for_the_winner_then_conflicts(make_run):
+    """Force the overlap: the first writer holds its transaction open after writing its
+    commit; the second must wait on the lock (not read a stale head) and then conflict."""
     run = make_run()
     head, view = read_head(run.thread_id), read_run(run.run_id)
     inside = threading.Event()
     times: dict[str, float] = {}
-    write_reconciliations = coordinator._write_reconciliations
 
-    def slow(draft, seq):
-        write_reconciliations(draft, seq)
-        if draft.messages and draft.messages[0].content == "first":
+    def first():
+        with transaction.atomic():
+            done = commit(drafts.infer_text(head, view, text="first"))
             inside.set()
             time.sleep(0.5)
             times["first_commits"] = time.monotonic()
-
-    monkeypatch.setattr(coordinator, "_write_reconciliations", slow)
-
-    def first():
-        return commit(drafts.infer_text(head, view, text="first"))
+        return done
 
     def second():
         assert inside.wait(TIMEOUT)

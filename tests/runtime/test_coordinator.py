@@ -4,13 +4,14 @@ is in test_concurrency.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 from django.db import transaction
 
-from runtime import coordinator, fsck
+from runtime import fsck
 from runtime.coordinator import Lease, commit, read_head, read_run
 from runtime.domain.commit import CommitDraft, publication
 from runtime.domain.events import BatchFinalized, CallCompleted
@@ -101,18 +102,6 @@ def test_an_accepted_commit_writes_the_row_and_the_projections(
         )
     ]
     assert fsck.check_thread(run.thread_id) == []
-
-
-@pytest.mark.django_db
-def test_a_step_commit_takes_a_fixed_number_of_queries(make_run, drive, django_assert_num_queries):
-    """The hot path: savepoint, locked head read, run snapshot read, head move, run update,
-    log row, message rows, release (pinned so that a new query is a decision)."""
-    run = make_run()
-    drive(drafts.infer_text, run.run_id)
-    head, view = read_head(run.thread_id), read_run(run.run_id)
-    draft = drafts.infer_text(head, view)
-    with django_assert_num_queries(7):
-        commit(draft)
 
 
 @pytest.mark.django_db
@@ -431,25 +420,28 @@ def test_the_unique_sequence_is_the_safety_net_behind_the_head(make_run):
 # -- rollback after the log row, and announcements only after commit ---------------------------
 
 
-def _after_the_log_row(monkeypatch, thread_id: str, seq: int) -> list[str]:
-    """Make the coordinator fail after it has written the log row (and the message rows)."""
-    seen: list[str] = []
-
-    def boom(draft, at_seq):
-        assert ThreadCommit.objects.filter(thread_id=thread_id, seq=at_seq).exists()
-        assert at_seq == seq
-        seen.append("log row written")
-        raise RuntimeError("injected after the log row")
-
-    monkeypatch.setattr(coordinator, "_write_reconciliations", boom)
-    return seen
+def _plant_conflict(move: str, view, seq: int) -> Callable[[], None]:
+    """Plant a row that makes the last part of the commit's write fail in the database (a
+    message or ticket already there), after the head, run and log parts; return its undo."""
+    if move == "wait":
+        planted = Ticket.objects.create(
+            id="tkr",
+            run_id=view.run_id,
+            call_id=view.batches[-1].calls[0].call_id,
+            kind="input",
+            opened_seq=0,
+        )
+    else:
+        planted = MessageRecord.objects.create(
+            thread_id=view.thread_id, run_id=view.run_id, seq=seq, idx=0, role="user"
+        )
+    return planted.delete
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("move", ["text", "tools", "wait", "end"])
-def test_a_rollback_after_the_log_row_leaves_nothing(
-    move, make_run, make_calls, drive, monkeypatch, announcements
-):
+def test_a_write_that_fails_late_leaves_nothing(move, make_run, make_calls, drive, announcements):
+    """The write is atomic: a database refusal of its last part takes every part with it."""
     run = make_run()
     drive(drafts.infer_tools, run.run_id, make_calls(2, permission=Permission.ASK))
     for call in read_run(run.run_id).batches[-1].calls:
@@ -465,14 +457,13 @@ def test_a_rollback_after_the_log_row_leaves_nothing(
         "wait": lambda: drafts.wait(head, view, view.batches[-1].calls[0].call_id, "tkr"),
         "end": lambda: drafts.end(head, view, EndCause.CANCELLED),
     }[move]()
+    undo = _plant_conflict(move, view, head.version + 1)
     before = state_of(run.thread_id)
-    seen = _after_the_log_row(monkeypatch, run.thread_id, head.version + 1)
-    with pytest.raises(RuntimeError, match="injected"):
+    with pytest.raises(InvalidCommit, match="refused"):
         commit(draft)
-    assert seen == ["log row written"]
     assert state_of(run.thread_id) == before
     assert announcements == []
-    monkeypatch.undo()
+    undo()
     assert commit(draft).seq == head.version + 1  # the same commit, now without the fault
     assert fsck.check() == []
 

@@ -60,7 +60,7 @@ def _frontier_after_crash(point: str, run_id: str) -> None:
         "batch_committed": ("requested", 0, 0, False),
         "executing_committed": ("executing", 1, 0, False),
         "effect_applied": ("executing", 1, 1, False),
-        "call_completed": ("completed", 1, 1, False),
+        "call_completed": ("completed", 1, 1, True),  # committed with the publication
         "batch_finalized": ("completed", 1, 1, True),
     }[point]
     assert (call.phase, call.attempt, applied(call), call.batch_finalized) == (

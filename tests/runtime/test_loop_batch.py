@@ -90,7 +90,13 @@ def test_gated_second_call_same_or_fresh_worker(start, worker, decision):
         assert (run.state, run.end_cause, run.step) == ("ended", "natural", 2)
         first, second, third = calls(run_id)
         assert (applied(first), applied(third)) == (1, 1)
-        assert (first.attempt, third.attempt) == (1, 1)
+        # An approved second call's result commits with the third's Executing: a crash there
+        # leaves the replay-safe third call Executing before its effect, so it replays. A
+        # denial completes the second call in the resume, so the first result committed by the
+        # worker is the third's, together with the publication.
+        approved = decision is Decision.APPROVE
+        replayed = finisher == "call_completed" and approved
+        assert (first.attempt, third.attempt) == (1, 2 if replayed else 1)
         if decision is Decision.APPROVE:
             assert (second.phase, second.attempt, applied(second)) == ("completed", 1, 1)
         else:
@@ -111,9 +117,10 @@ def test_gated_second_call_same_or_fresh_worker(start, worker, decision):
         assert [m.role for m in request.messages] == ["user", "assistant", "tool", "tool", "tool"]
         requests[finisher] = _normalized(run_id, request)
         finalized_by = ThreadCommit.objects.get(thread_id=run.thread_id, seq=tools[0].seq).actor
-        assert finalized_by == (
-            "worker:crasher" if finisher == "batch_finalized" else "worker:finisher"
+        crasher_finalized = finisher == "batch_finalized" or (
+            finisher == "call_completed" and not approved
         )
+        assert finalized_by == ("worker:crasher" if crasher_finalized else "worker:finisher")
         assert_log_sound(run_id)
 
     assert requests["call_completed"] == requests["same_worker"]

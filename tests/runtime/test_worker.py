@@ -94,13 +94,15 @@ def test_signal_while_idle_exits_at_once(spawn_worker):
     assert "stopped" in err
 
 
-def test_poison_run_ends_indeterminate_after_the_claim_budget(start, worker):
+def test_poison_run_ends_indeterminate_after_the_death_budget(start, worker):
+    # Each worker dies inside the run: claims lost with their worker count toward
+    # RUNTIME_POISON_DEATHS, so a run that keeps killing workers still ends.
     run_id = start(tool_step(("ledger_once", {"key": "a"})), text_step())
     for _ in range(2):
-        code, err = worker(crash_at="inference_streaming", RUNTIME_POISON_CLAIMS="2")
+        code, err = worker(crash_at="inference_streaming", RUNTIME_POISON_DEATHS="2")
         assert code == 137, err
     assert run_row(run_id).claims == 2
-    code, err = worker(crash_at="inference_streaming", RUNTIME_POISON_CLAIMS="2")
+    code, err = worker(crash_at="inference_streaming", RUNTIME_POISON_DEATHS="2")
     assert code == 0, err
     assert "poison run" in err
     run = run_row(run_id)
@@ -115,13 +117,20 @@ def test_a_commit_resets_the_poison_budget(start, worker):
     # Each worker dies at a different point, but after a commit: the run is not poison.
     run_id = start(tool_step(*LEDGER_BATCH), text_step())
     for point in ("batch_committed", "call_completed", "call_completed"):
-        code, err = worker(crash_at=point, RUNTIME_POISON_CLAIMS="1")
+        code, err = worker(crash_at=point, RUNTIME_POISON_DEATHS="1")
         assert code == 137, err
-    code, err = worker(RUNTIME_POISON_CLAIMS="1")
+    code, err = worker(RUNTIME_POISON_DEATHS="1")
     assert code == 0, err
     run = run_row(run_id)
     assert (run.state, run.end_cause) == ("ended", "natural")
-    assert [(c.phase, c.attempt, applied(c)) for c in calls(run_id)] == [("completed", 1, 1)] * 3
+    # A result commits with the next call's Executing, so each crash at call_completed left
+    # the next call Executing before its effect: reconnect looks up then retries, replay
+    # replays; every effect applied once.
+    assert [(c.phase, c.attempt, applied(c)) for c in calls(run_id)] == [
+        ("completed", 1, 1),
+        ("completed", 2, 1),
+        ("completed", 2, 1),
+    ]
     assert_log_sound(run_id)
 
 

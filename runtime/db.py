@@ -1,0 +1,40 @@
+"""Database connections and the one clock of leases.
+
+A worker keeps its connections for its whole life (one per thread): no connection is opened
+per claim, commit or tool call. ``keep_usable`` closes a connection only when it broke, so the
+next query reconnects. Leases are stamped and judged by the database's clock on PostgreSQL
+(``now()``), never by a worker's own clock (issue: "a worker's clock decides its leases"); on
+SQLite every process is on the one machine that holds the file, so its clock is that clock.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import connection
+from django.db.models import Expression, Value
+from django.db.models.functions import Now
+from django.utils import timezone
+
+
+def keep_usable() -> None:
+    """Close this thread's connection if an error left it unusable; keep it otherwise."""
+    if connection.connection is not None and connection.errors_occurred:
+        if not connection.is_usable():
+            connection.close()
+        else:
+            connection.errors_occurred = False
+
+
+def db_now() -> Expression:
+    """The current time as the database sees it (a query expression)."""
+    if connection.vendor == "postgresql":
+        return Now()
+    return Value(timezone.now())
+
+
+def db_later(delta: timedelta) -> Expression:
+    """``db_now() + delta``, as a query expression."""
+    if connection.vendor == "postgresql":
+        return Now() + Value(delta)
+    return Value(timezone.now() + delta)

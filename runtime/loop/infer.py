@@ -1,0 +1,248 @@
+"""One inference: StepStart and BeforeInference hooks, the model call with live Deltas and
+retries, AfterInference and StepEnd, then the commit (DESIGN.md "One Step").
+
+A text-only answer commits with its continuation or Ended(natural) in one commit; tool calls
+commit the assistant message with the whole batch as Requested before anything executes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from runtime import conf, live
+from runtime.agents import Agent
+from runtime.crash import crash_point
+from runtime.domain.events import BatchOpened, StepCommitted
+from runtime.domain.model import (
+    Disposition,
+    EndCause,
+    Message,
+    Permission,
+    RecoveryPolicy,
+    RunView,
+    ToolCall,
+)
+from runtime.hooks import call_hooks
+from runtime.models import StreamCheckpoint
+from runtime.providers import build_provider
+from runtime.providers.base import (
+    Delta,
+    InferenceContext,
+    InferenceRequest,
+    InferenceResult,
+    ModelError,
+    ToolCallOut,
+    ToolSpec,
+)
+from runtime.untrusted import UntrustedJSONError, parse_object
+
+if TYPE_CHECKING:
+    from runtime.loop.driver import RunDriver
+
+log = logging.getLogger("runtime.loop")
+
+
+def request(d: RunDriver, agent: Agent, run: RunView) -> InferenceRequest:
+    """Build the next request from committed messages only (plus request-only hooks).
+
+    The messages are the ones the driver holds; a fresh worker reads the same ones from the
+    log, so the request is byte-identical either way (DESIGN.md decision).
+    """
+    committed = tuple(d.thread_messages())
+    extra = [
+        m
+        for answer in call_hooks(agent.plugins, "before_inference", run, committed)
+        for m in (answer or ())
+    ]
+    return InferenceRequest(
+        model=agent.provider.model,
+        instructions=agent.instructions,
+        messages=committed + tuple(extra),
+        tools=tuple(
+            ToolSpec(name=t.name, description=t.description, parameters=t.parameters)
+            for t in agent.tools
+        ),
+        options=dict(agent.provider.options),
+    )
+
+
+def infer(d: RunDriver, agent: Agent, step: int) -> None:
+    """Ask the model for Step ``step`` and commit its answer (or end the run failed)."""
+    run = d.run
+    assert run is not None
+    call_hooks(agent.plugins, "step_start", run)
+    req = request(d, agent, run)
+    provider = build_provider(agent.provider, d.metadata)
+    try:
+        result = _with_retries(d, provider, req, step)
+    except ModelError as exc:
+        log.warning("run %s: inference failed for good: %s", d.run_id, exc)
+        d.end(EndCause.FAILED, exc.as_error())
+        return
+    finally:
+        close = getattr(provider, "close", None)
+        if close is not None:
+            close()
+    call_hooks(agent.plugins, "after_inference", run, result)
+    # A text-only answer ends the run unless a StepEnd hook asks for another step.
+    proceed = any(call_hooks(agent.plugins, "step_end", run, result))
+    _commit(d, agent, step, req, result, proceed)
+
+
+def _with_retries(d: RunDriver, provider: Any, req: InferenceRequest, step: int) -> InferenceResult:
+    """Call the provider; retry retryable failures with doubling backoff within budget."""
+    backoff = conf.model_backoff_seconds()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return provider.infer(req, _context(d, step, attempt))
+        except ModelError as exc:
+            if not exc.retryable or attempt > conf.model_retries():
+                raise
+            pause = exc.retry_after if exc.retry_after is not None else backoff
+            backoff *= 2
+            log.info(
+                "run %s: retryable model error (%s); retry in %.2fs", d.run_id, exc.message, pause
+            )
+            _sleep(d, pause)
+
+
+def _sleep(d: RunDriver, seconds: float) -> None:
+    from runtime.loop.driver import Abandon
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if d.should_stop():
+            raise Abandon()
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
+def _context(d: RunDriver, step: int, attempt: int) -> InferenceContext:
+    from runtime.loop.driver import Abandon
+
+    first = [True]
+
+    def on_delta(delta: Delta) -> None:
+        if d.should_stop():
+            raise Abandon()
+        live.publish_delta(
+            d.run_id,
+            step=step,
+            attempt=attempt,
+            delta={
+                "kind": delta.kind,
+                "text": delta.text,
+                "index": delta.index,
+                "name": delta.name,
+                "call_id": delta.call_id,
+            },
+        )
+        if first[0]:
+            first[0] = False
+            crash_point("inference_streaming")
+
+    return InferenceContext(
+        run_id=d.run_id,
+        step=step,
+        attempt=attempt,
+        metadata=d.metadata,
+        on_delta=on_delta,
+        checkpoint=lambda text, calls: _save_checkpoint(d, step, attempt, text, calls),
+        # A retry re-sends the identical request (README departure "resume_from means
+        # restart"); the checkpoint is read only when a provider asks to resume.
+        resume_from=_checkpoint(d, step) if attempt > 1 else None,
+    )
+
+
+def _checkpoint(d: RunDriver, step: int) -> dict[str, Any] | None:
+    return (
+        StreamCheckpoint.objects.filter(run_id=d.run_id, step=step)
+        .values("text", "tool_calls")
+        .first()
+    )
+
+
+def _save_checkpoint(d: RunDriver, step: int, attempt: int, text: str, calls: list[dict]) -> None:
+    """Best effort: a failure to write the checkpoint never fails the run (seed)."""
+    try:
+        StreamCheckpoint.objects.update_or_create(
+            run_id=d.run_id,
+            defaults={"step": step, "attempt": attempt, "text": text, "tool_calls": calls},
+        )
+    except Exception:
+        log.warning("run %s: checkpoint write failed", d.run_id, exc_info=True)
+
+
+def _commit(
+    d: RunDriver,
+    agent: Agent,
+    step: int,
+    req: InferenceRequest,
+    result: InferenceResult,
+    proceed: bool,
+) -> None:
+    blocks, raw = history_blocks(result.tool_calls)
+    meta: dict[str, Any] = {
+        "request_sha256": req.digest(),
+        "finish_reason": result.finish_reason,
+        "usage": dict(result.usage),
+    }
+    if raw:
+        meta["raw_arguments"] = raw
+    message = Message(role="assistant", content=result.text, tool_calls=blocks, meta=meta)
+    if not result.tool_calls:
+        after = Disposition.running() if proceed else Disposition.ended(EndCause.NATURAL)
+        d.commit(after, (StepCommitted(step=step),), (message,))
+        return
+    calls = tuple(pin(agent, index, out) for index, out in enumerate(result.tool_calls))
+    events = (StepCommitted(step=step), BatchOpened(step=step, calls=calls))
+    d.commit(Disposition.running(), events, (message,))
+    crash_point("batch_committed")
+
+
+def history_blocks(
+    outs: tuple[ToolCallOut, ...] | list[ToolCallOut],
+) -> tuple[tuple[dict[str, Any], ...], dict[str, str]]:
+    """The assistant's tool-use blocks as the thread's history keeps them, and the raw text of
+    arguments that are not a JSON object, by call id.
+
+    The history is sent back to the provider with every later request, so it must stay valid
+    for it: unparseable arguments become ``"{}"`` there, while the raw text stays in the
+    message's ``meta.raw_arguments`` and the call's ``arguments_text`` for audit (the call
+    itself gets an error result that names the problem).
+    """
+    blocks, raw = [], {}
+    for out in outs:
+        arguments = out.arguments
+        try:
+            parse_object(arguments)
+        except UntrustedJSONError:
+            raw[out.id] = arguments
+            arguments = "{}"
+        blocks.append({"id": out.id, "name": out.name, "arguments": arguments})
+    return tuple(blocks), raw
+
+
+def pin(agent: Agent, index: int, out: ToolCallOut) -> ToolCall:
+    """A Requested call with the policy, permission and budget in force now (pinned)."""
+    tool = agent.tool(out.name)
+    try:
+        arguments: dict[str, Any] | None = parse_object(out.arguments)
+    except UntrustedJSONError:
+        arguments = None  # kept as raw text; the gate answers the model with the reason
+    return ToolCall(
+        call_id=uuid.uuid4().hex,
+        index=index,
+        tool_call_id=out.id,
+        name=out.name,
+        arguments=arguments,
+        arguments_text=out.arguments,
+        operation_id=f"op_{uuid.uuid4().hex}",
+        policy=tool.policy if tool else RecoveryPolicy.INDETERMINATE,
+        permission=agent.permission_for(tool) if tool else Permission.DENY,
+        max_attempts=tool.max_attempts if tool else 1,
+    )

@@ -1,0 +1,138 @@
+"""The hot path's budget, counted: statements per commit and per run, new connections per run.
+
+On PostgreSQL a ThreadCommit is one statement whatever the number of calls and messages it
+carries, and a whole demo run (start, claim, three ledger calls, a final answer) stays within
+20 statements and opens no connection in steady state (issue: "the hot path"). A new
+statement on this path fails here, so that adding one is a decision.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+from django.db import connection
+from django.db.backends.signals import connection_created
+
+from runtime.coordinator import commit, read_head, read_run
+from runtime.domain.model import Decision, EndCause, Permission
+from runtime.loop import ToolThread
+from runtime.worker import Worker
+from tests.domain import drafts
+from tests.runtime.support import calls, run_row, text_step, tool_step
+
+pytestmark = pytest.mark.django_db(transaction=True)
+postgres_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the one-statement commit is PostgreSQL's"
+)
+
+DEMO = tool_step(
+    ("ledger_once", {"key": "a"}),
+    ("ledger_reconnect", {"key": "b"}),
+    ("ledger_replay", {"key": "c"}),
+)
+STATEMENTS_PER_RUN = 20
+
+
+@dataclass
+class Counted:
+    statements: int = 0
+    connections: int = 0
+
+
+@contextmanager
+def counting() -> Iterator[Counted]:
+    """Count every statement run on any thread's connection, and every new connection."""
+    counted = Counted()
+    lock = threading.Lock()
+
+    def wrapper(execute, sql, params, many, context):
+        with lock:
+            counted.statements += 1
+        return execute(sql, params, many, context)
+
+    def created(sender, connection, **kwargs):
+        with lock:
+            counted.connections += 1
+        connection.execute_wrappers.append(wrapper)
+
+    connection_created.connect(created)
+    try:
+        with connection.execute_wrapper(wrapper):
+            yield counted
+    finally:
+        connection_created.disconnect(created)
+
+
+def _held(run_id: str):
+    view = read_run(run_id)
+    return read_head(view.thread_id), view
+
+
+@postgres_only
+def test_every_commit_is_one_statement(make_run, make_calls):
+    run = make_run()
+    steps = [
+        lambda head, view: drafts.infer_tools(head, view, make_calls(6)),
+        lambda head, view: drafts.execute(head, view, view.batches[-1].calls[0].call_id),
+        lambda head, view: drafts.complete(head, view, view.batches[-1].calls[0].call_id),
+    ]
+    for build in steps:
+        head, view = _held(run.run_id)
+        with counting() as counted:
+            commit(build(head, view), head=head, before=view)
+        assert counted.statements == 1
+    for call in read_run(run.run_id).batches[-1].calls[1:]:
+        head, view = _held(run.run_id)
+        with counting() as counted:
+            commit(drafts.complete(head, view, call.call_id), head=head, before=view)
+        assert counted.statements == 1
+    head, view = _held(run.run_id)
+    with counting() as counted:  # six published results in one commit
+        commit(drafts.finalize(head, view), head=head, before=view)
+    assert counted.statements == 1
+
+
+@postgres_only
+def test_a_wait_resume_and_cancel_are_one_statement_each(make_run, make_calls):
+    run = make_run()
+    head, view = _held(run.run_id)
+    commit(drafts.infer_tools(head, view, make_calls(3, permission=Permission.ASK)))
+    for build in (
+        lambda head, view: drafts.wait(head, view, view.batches[-1].calls[0].call_id, "tk1"),
+        lambda head, view: drafts.resume(head, view, Decision.DENY),
+        lambda head, view: drafts.wait(head, view, view.batches[-1].calls[1].call_id, "tk2"),
+        lambda head, view: drafts.end(head, view, EndCause.CANCELLED),  # voids, seals, publishes
+    ):
+        head, view = _held(run.run_id)
+        with counting() as counted:
+            commit(build(head, view), head=head, before=view)
+        assert counted.statements == 1
+
+
+def test_a_demo_run_stays_within_its_budget(start, settings):
+    """Start, claim, three ledger calls and a final answer: at most 20 statements on
+    PostgreSQL and no new connection once the worker's connections are open."""
+    settings.RUNTIME_IDLE_POLL_SECONDS = 0.05
+    worker = Worker(worker_id="counted", until_idle=True)
+    tools = ToolThread()
+    try:
+        start(DEMO, text_step())
+        while worker.step(tools):  # the first run opens the connections a worker keeps
+            pass
+        with counting() as counted:
+            run_id = start(DEMO, text_step())
+            while worker.step(tools):
+                pass
+    finally:
+        tools.close()
+    assert (run_row(run_id).state, run_row(run_id).end_cause) == ("ended", "natural")
+    assert [(c.phase, c.attempt) for c in calls(run_id)] == [("completed", 1)] * 3
+    assert counted.connections == 0
+    if connection.vendor == "postgresql":
+        assert counted.statements <= STATEMENTS_PER_RUN
+    else:  # statement by statement on SQLite, in-process and cheap; pinned all the same
+        assert counted.statements <= 3 * STATEMENTS_PER_RUN
