@@ -122,7 +122,7 @@ class CoordinatorWriter:
     def write(self) -> None:
         from runtime.coordinator import commit
 
-        done = commit(self.draft())
+        done = commit(self.draft(), head=self.head, before=self.run)
         assert done.run is not None
         self.head, self.run = done.head, done.run
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.errors import NotFound
-from runtime.models import MessageRecord, Run, Ticket, ToolCallRecord
+from runtime.models import LateEvidence, MessageRecord, Run, Ticket, ToolCallRecord
 
 # The columns a list of runs reads (the API's run summaries, the console's runs page).
 RUN_SUMMARY_FIELDS = (
@@ -25,7 +25,31 @@ RUN_SUMMARY_FIELDS = (
 )
 
 
-def call_document(call: ToolCallRecord) -> dict[str, Any]:
+def late_documents(call: ToolCallRecord, late: list[LateEvidence]) -> dict[str, Any]:
+    """The results a call's superseded or sealed attempts reported after the fact.
+
+    ``late_results``: [{"attempt", "result", "is_error", "worker", "at"}], never published
+    to the model. ``possible_duplicate`` flags a call whose policy does not allow a repeat
+    (reconnect, indeterminate) when an attempt other than its committed one reported a
+    result: its effect may have happened twice, so it needs reconciliation downstream.
+    """
+    return {
+        "late_results": [
+            {
+                "attempt": e.attempt,
+                "result": e.result,
+                "is_error": e.is_error,
+                "worker": e.worker,
+                "at": e.created_at.isoformat(),
+            }
+            for e in late
+        ],
+        "possible_duplicate": call.policy != "replay"
+        and any(e.attempt != call.attempt for e in late),
+    }
+
+
+def call_document(call: ToolCallRecord, late: list[LateEvidence] | None = None) -> dict[str, Any]:
     return {
         "index": call.index,
         "call_id": call.id,
@@ -44,6 +68,7 @@ def call_document(call: ToolCallRecord) -> dict[str, Any]:
         "is_error": call.is_error,
         "effect_may_have_started": call.effect_may_have_started,
         "updated_at": call.updated_at.isoformat() if call.updated_at else None,
+        **late_documents(call, late or []),
     }
 
 
@@ -73,6 +98,9 @@ def run_document(run_id: str) -> dict[str, Any]:
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
     calls = list(ToolCallRecord.objects.filter(run_id=run_id).order_by("step", "index"))
+    late: dict[str, list[LateEvidence]] = {}
+    for evidence in LateEvidence.objects.filter(call__run_id=run_id).order_by("created_at"):
+        late.setdefault(evidence.call_id, []).append(evidence)
     ticket = Ticket.objects.filter(run_id=run_id, state="open").first()
     messages = MessageRecord.objects.filter(run_id=run_id).order_by("seq", "idx")
     batches: dict[int, dict[str, Any]] = {}
@@ -80,7 +108,7 @@ def run_document(run_id: str) -> dict[str, Any]:
         batch = batches.setdefault(
             call.step, {"step": call.step, "finalized": call.batch_finalized, "calls": []}
         )
-        batch["calls"].append(call_document(call))
+        batch["calls"].append(call_document(call, late.get(call.id)))
     return {
         "id": run.id,
         "thread_id": run.thread_id,

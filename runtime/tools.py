@@ -11,6 +11,7 @@ import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model
@@ -98,9 +99,9 @@ class Tool:
     lookup: Callable[[ToolContext], Any] | None = None
     input_wait: InputWait | None = None
 
-    @property
+    @cached_property
     def parameters(self) -> dict[str, Any]:
-        """The arguments' JSON schema, as providers send it to the model."""
+        """The arguments' JSON schema, as providers send it to the model (built once)."""
         schema = self.arguments_model.model_json_schema()
         schema.pop("title", None)
         return schema

@@ -17,6 +17,8 @@ from django.db import connection
 from django.utils import timezone
 
 from runtime import operations
+from runtime.db import db_now
+from runtime.documents import run_document
 from runtime.models import LateEvidence, LedgerEffect, MessageRecord, Run
 from runtime.worker import claim
 from tests.runtime.support import (
@@ -57,7 +59,7 @@ def test_a_paused_worker_cannot_apply_an_effect_beside_its_successor(start, spaw
         a.signal(signal.SIGSTOP)
         try:
             wait_for(
-                lambda: Run.objects.filter(id=run_id, lease_expires_at__lt=_db_now()).exists(),
+                lambda: Run.objects.filter(id=run_id, lease_expires_at__lt=db_now()).exists(),
                 what="A's lease to expire",
             )
             b = spawn_worker(worker_id="b", until_idle=False)
@@ -84,12 +86,6 @@ def _waiting_on_lock(downstream: psycopg.Connection) -> bool:
             "AND query LIKE 'INSERT INTO%%ledgereffect%%'"
         ).fetchone()
     return bool(row and row[0])
-
-
-def _db_now():
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
 
 
 @postgres_only
@@ -156,4 +152,36 @@ def test_unparseable_arguments_never_enter_the_history(start, worker):
     assert run_row(run_id).end_cause == "natural"
     assert not LedgerEffect.objects.exists()
     assert second.seq > first.seq
+    assert_log_sound(run_id)
+
+
+def test_a_superseded_attempts_late_result_is_shown_on_its_call(start, spawn_worker, worker):
+    """Worker A is stopped past its lease inside a replay-safe call; B replays it and ends the
+    run; when A continues, its result of attempt 1 is kept and shown on the call (never
+    published), not flagged (a replay-safe effect may repeat by policy)."""
+    run_id = start(tool_step(("slow", {"seconds": 1.5})), text_step())
+    a = spawn_worker(worker_id="a", until_idle=False)
+    wait_for(lambda: _phase(run_id) == ("executing", 1), what="A's attempt to start")
+    a.signal(signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: Run.objects.filter(id=run_id, lease_expires_at__lt=db_now()).exists(),
+            what="A's lease to expire",
+        )
+        code, err = worker(worker_id="b")
+        assert code == 0, err
+    finally:
+        a.signal(signal.SIGCONT)
+    wait_for(
+        lambda: LateEvidence.objects.filter(call__run_id=run_id).exists(),
+        what="A's late result",
+    )
+    a.signal(signal.SIGTERM)
+    assert a.wait(20)[0] == 0
+    (call,) = run_document(run_id)["batches"][0]["calls"]
+    assert (call["phase"], call["attempt"]) == ("completed", 2)
+    assert [(r["attempt"], r["worker"]) for r in call["late_results"]] == [(1, "a")]
+    assert call["possible_duplicate"] is False
+    tools = MessageRecord.objects.filter(run_id=run_id, role="tool")
+    assert [m.content for m in tools] == [call["result"]]  # only the committed result
     assert_log_sound(run_id)
