@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.agents import Agent, get_agent
@@ -181,17 +181,8 @@ class RunDriver:
         assert done.run is not None
         self.staged.clear()
         self._hold(done.run, done.head.version)
-        if self.messages is not None:
-            self.messages.extend(
-                Message(
-                    role=m.role,
-                    content=m.content,
-                    tool_calls=m.tool_calls,
-                    tool_call_id=m.tool_call_id,
-                    name=m.name,
-                )
-                for m in messages
-            )
+        if self.messages is not None:  # a request carries no meta (see thread_messages)
+            self.messages.extend(replace(m, meta={}) for m in messages)
         if flushed:
             crash_point("call_completed")
         if any(isinstance(e, BatchFinalized) for e in events):
@@ -252,6 +243,7 @@ class RunDriver:
                 # The rules refused what this step would commit: trying again would only
                 # repeat it (and the model call), so the run fails with the typed error.
                 log.error("run %s: commit refused: %s", self.run_id, exc.message)
+                self.keep_late(self.staged)
                 self.staged.clear()
                 self.reload()
                 self.end(EndCause.FAILED, {"type": exc.code, "message": exc.message})
