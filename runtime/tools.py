@@ -56,6 +56,23 @@ class ToolContext:
         """True while this worker's claim (its lease epoch) still owns the Running run."""
         return self._lease().exists()
 
+    def fence_sql(self) -> tuple[str, list[Any]]:
+        """A ``SELECT`` of this claim's run row (locked on PostgreSQL) and its parameters, for a
+        tool whose downstream is this database: an effect written as ``WITH fence AS (...)
+        INSERT ... SELECT ... FROM fence`` lands in one statement only while the claim owns
+        the run, and no takeover can happen while it runs."""
+        from django.db import connection
+
+        from runtime.models import Run
+
+        lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
+        table = connection.ops.quote_name(Run._meta.db_table)
+        sql = (
+            f"SELECT id FROM {table} WHERE id = %s AND state = 'running' "
+            f"AND lease_owner = %s AND lease_epoch = %s{lock}"
+        )
+        return sql, [self.run_id, self.worker_id, self.lease_epoch]
+
     def fence(self) -> None:
         """Inside ``transaction.atomic()``: lock the run's row while this claim owns it, so
         no other worker can take it over before the transaction ends (a claim skips locked

@@ -8,14 +8,14 @@ import os
 import time
 from typing import Annotated, Any
 
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 from pydantic import Field
 
 from runtime.agents import Agent, ProviderConfig
 from runtime.domain.model import Permission, RecoveryPolicy
 from runtime.models import LedgerEffect
-from runtime.tools import InputWait, ToolContext, tool
+from runtime.tools import Fenced, InputWait, ToolContext, tool
 
 Key = Annotated[str, Field(min_length=1, max_length=200, description="what to record")]
 
@@ -23,20 +23,23 @@ Key = Annotated[str, Field(min_length=1, max_length=200, description="what to re
 def _apply(ctx: ToolContext, key: str, tool_name: str) -> dict[str, Any]:
     """Record the effect once per operation id; count every repeated application.
 
-    The write is fenced: it lands only while this worker's claim owns the run, and the claim
-    is held until it commits, so a worker paused mid-effect cannot apply it beside the worker
-    that took its run over. One upsert counts a repeat.
+    One fenced upsert: it lands only while this worker's claim owns the run, and the run's row
+    stays locked while it runs, so a worker paused mid-effect cannot apply it beside the worker
+    that took its run over (ToolContext.fence_sql). Raises Fenced when the claim is gone.
     """
-    with transaction.atomic():
-        ctx.fence()
-        table = connection.ops.quote_name(LedgerEffect._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {table} (operation_id, key, tool, run_id, applied, created_at) "
-                "VALUES (%s, %s, %s, %s, 1, %s) "
-                f"ON CONFLICT (operation_id) DO UPDATE SET applied = {table}.applied + 1",
-                [ctx.operation_id, key, tool_name, ctx.run_id, timezone.now()],
-            )
+    table = connection.ops.quote_name(LedgerEffect._meta.db_table)
+    fence, params = ctx.fence_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH fence AS ({fence}) "
+            f"INSERT INTO {table} (operation_id, key, tool, run_id, applied, created_at) "
+            "SELECT %s, %s, %s, %s, 1, %s FROM fence WHERE true "
+            f"ON CONFLICT (operation_id) DO UPDATE SET applied = {table}.applied + 1 "
+            "RETURNING operation_id",
+            [*params, ctx.operation_id, key, tool_name, ctx.run_id, timezone.now()],
+        )
+        if cursor.fetchone() is None:
+            raise Fenced(f"run {ctx.run_id} is no longer owned by lease {ctx.lease_epoch}")
     return {"recorded": key, "operation_id": ctx.operation_id}
 
 
