@@ -72,6 +72,10 @@ class Run(models.Model):
             models.Index(fields=["agent", "-created_at"], name="run_agent_recent"),
             models.Index(fields=["end_cause", "-created_at"], name="run_cause_recent"),
             models.Index(fields=["state", "lease_expires_at"], name="run_runnable"),
+            # A claim takes the Running run with the oldest commit: an ordered index scan.
+            models.Index(
+                fields=["committed_at"], name="run_claim_order", condition=Q(state="running")
+            ),
             # The runs list counts runs per (state, end cause) with an index-only scan.
             models.Index(fields=["state", "end_cause"], name="run_state_cause"),
         ]

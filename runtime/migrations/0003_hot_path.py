@@ -20,6 +20,10 @@ class Migration(migrations.Migration):
             name='failures',
             field=models.PositiveIntegerField(default=0),
         ),
+        migrations.AddIndex(
+            model_name='run',
+            index=models.Index(condition=models.Q(('state', 'running')), fields=['committed_at'], name='run_claim_order'),
+        ),
         migrations.AddConstraint(
             model_name='threadcommit',
             constraint=models.CheckConstraint(condition=models.Q(('run__isnull', False), ('disposition__isnull', True), _connector='OR'), name='commit_disposition_needs_run'),
