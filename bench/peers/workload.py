@@ -109,25 +109,28 @@ class Ledger:
 
 
 @contextmanager
-def session_count() -> Iterator[Callable[[], int]]:
-    """Yield a function returning how many sessions opened on this database since entry.
+def server_counters() -> Iterator[Callable[[], dict[str, int]]]:
+    """Yield a function returning what the server counted on this database since entry:
+    ``{"sessions": new sessions, "transactions": committed and rolled back transactions}``.
 
-    Reads ``pg_stat_database.sessions`` (PostgreSQL 14+) through one connection held for the
-    whole block (so it counts itself once, at entry, not in the delta). Each read waits
-    STATS_SETTLE_SECONDS first: other backends publish their counters up to a second late.
+    Reads ``pg_stat_database`` (sessions: PostgreSQL 14+) through one connection held for the
+    whole block, so its own session is not in the delta (its own reads are: a few
+    transactions). Each read waits STATS_SETTLE_SECONDS first: other backends publish their
+    counters up to a second late.
     """
     with psycopg.connect(database_url(), autocommit=True) as db:
 
-        def read() -> int:
+        def read() -> dict[str, int]:
             time.sleep(STATS_SETTLE_SECONDS)
             db.execute("SELECT pg_stat_clear_snapshot()")
-            (count,) = db.execute(
-                "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+            sessions, transactions = db.execute(
+                "SELECT sessions, xact_commit + xact_rollback FROM pg_stat_database"
+                " WHERE datname = current_database()"
             ).fetchone()
-            return int(count)
+            return {"sessions": int(sessions), "transactions": int(transactions)}
 
         start = read()
-        yield lambda: read() - start
+        yield lambda: {name: value - start[name] for name, value in read().items()}
 
 
 def threaded(run_one: Callable[[], str], threads: int) -> Batch:
@@ -144,20 +147,22 @@ def measure(batch: Batch, ledger: Ledger, runs: int, warmup: int) -> dict[str, f
     """Run ``warmup`` untimed runs, then ``runs`` timed ones; check the ledger of both.
 
     Returns ``{"runs": int, "seconds": wall seconds of the timed runs, "runs_per_second",
-    "sessions_per_run": new PostgreSQL sessions during the timed runs / runs}``.
+    "sessions_per_run": new PostgreSQL sessions during the timed runs / runs,
+    "transactions_per_run": PostgreSQL transactions of every session / runs}``.
     """
     ledger.check(batch(warmup))
-    with session_count() as opened:
+    with server_counters() as counted:
         began = time.perf_counter()
         run_ids = batch(runs)
         seconds = time.perf_counter() - began
-        sessions = opened()
+        counts = counted()
     ledger.check(run_ids)
     return {
         "runs": runs,
         "seconds": seconds,
         "runs_per_second": runs / seconds,
-        "sessions_per_run": sessions / runs,
+        "sessions_per_run": counts["sessions"] / runs,
+        "transactions_per_run": counts["transactions"] / runs,
     }
 
 
