@@ -240,7 +240,8 @@ def main() -> int:
         for system in order:
             figures = measure(system, args, log)
             results.add(system.name, figures)
-            print(f"  round {round_ + 1}: {system.name:<22} {figures['runs_per_second']:7.1f} runs/s")
+            rate = figures["runs_per_second"]
+            print(f"  round {round_ + 1}: {system.name:<22} {rate:7.1f} runs/s")
     if args.rounds:
         print_table(results, systems, args.rounds)
 

@@ -51,9 +51,7 @@ def last_commit_at(run_ids: list[str]) -> datetime:
 
     from runtime.models import ThreadCommit
 
-    return ThreadCommit.objects.filter(run_id__in=run_ids).aggregate(last=Max("created_at"))[
-        "last"
-    ]
+    return ThreadCommit.objects.filter(run_id__in=run_ids).aggregate(last=Max("created_at"))["last"]
 
 
 def first_commit_delays(run_ids: list[str]) -> list[float]:
