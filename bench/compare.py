@@ -167,6 +167,11 @@ def chosen_systems(args: argparse.Namespace) -> list[System]:
     return chosen
 
 
+def _figure(value: float, spec: str, unit: str = "") -> str:
+    """``value`` formatted, or "-" when it was not measured (NaN)."""
+    return "-" if math.isnan(value) else f"{value:{spec}}{unit}"
+
+
 def print_table(results: Results, systems: list[System], rounds: int) -> None:
     print(
         f"\n{'system':<22} {'runs/s':>8} {'min-max':>13} {'sessions/run':>13} "
@@ -174,15 +179,15 @@ def print_table(results: Results, systems: list[System], rounds: int) -> None:
     )
     for system in systems:
         rates = [r["runs_per_second"] for r in results.rounds[system.name]]
-        latency = results.median(system.name, "first_commit_ms")
+        median = results.median
         print(
-            f"{system.name:<22} {results.median(system.name, 'runs_per_second'):>8.1f} "
-            f"{min(rates):>6.1f}-{max(rates):<6.1f} "
-            f"{results.median(system.name, 'sessions_per_run'):>13.2f} "
-            f"{results.median(system.name, 'transactions_per_run'):>10.1f} "
-            f"{'' if math.isnan(latency) else f'{latency:.1f} ms':>18}"
+            f"{system.name:<22} {median(system.name, 'runs_per_second'):>8.1f} "
+            f"{f'{min(rates):.1f}-{max(rates):.1f}':>13} "
+            f"{_figure(median(system.name, 'sessions_per_run'), '.2f'):>13} "
+            f"{_figure(median(system.name, 'transactions_per_run'), '.1f'):>10} "
+            f"{_figure(median(system.name, 'first_commit_ms'), '.1f', ' ms'):>18}"
         )
-    print(f"(median of {rounds} rounds; runs/s of the median round's rate)")
+    print(f"(each figure the median of {rounds} rounds)")
     names = {system.name for system in systems}
     pairs = [(a, b) for a, b in RATIOS if a in names and b in names]
     if pairs:
