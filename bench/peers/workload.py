@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool
 
 PROMPT = "Record a, b and c."
 CALLS = (("ledger_once", "a"), ("ledger_reconnect", "b"), ("ledger_replay", "c"))
@@ -62,6 +61,9 @@ class Ledger:
     """
 
     def __init__(self, table: str, size: int) -> None:
+        # psycopg_pool comes with the bench extra; compare.py imports this module without it.
+        from psycopg_pool import ConnectionPool
+
         self.table = table
         self.pool = ConnectionPool(
             database_url(), min_size=size, max_size=size, kwargs={"autocommit": True}, open=True
