@@ -216,6 +216,49 @@ def print_counts(counts: dict[str, Any], show_kinds: bool) -> None:
             print(f"    {count / runs:6.2f}/run  {kind}")
 
 
+def targets(
+    results: Results, counts: dict[str, Any], sqlite: bool
+) -> list[tuple[str, float, bool]]:
+    """Issue 9's targets as (target, measured figure, met); those not measured are left out."""
+    rate = results.median
+
+    def ratio(ours: str, peer: str) -> float:
+        return rate(ours, "runs_per_second") / rate(peer, "runs_per_second")
+
+    runs, commits = counts["runs"], max(counts["commits"], 1)
+    runtime = counts["statements"] - counts["tool_statements"]
+    measured = [rate(f"ours, {n}", "sessions_per_run") for n in ("1 worker", "4 workers")]
+    sessions = max((x for x in measured if not math.isnan(x)), default=math.nan)
+    rows = [
+        ("ours 1 worker >= 1.5x DBOS 1 thread", ratio("ours, 1 worker", "DBOS, 1 thread"), 1.5),
+        (
+            "ours 1 worker >= LangGraph 1 thread",
+            ratio("ours, 1 worker", "LangGraph, 1 thread"),
+            1.0,
+        ),
+        ("ours 4 workers >= 1.5x DBOS 4 threads", ratio("ours, 4 workers", "DBOS, 4 threads"), 1.5),
+        (
+            "SQLite, 1 worker >= 50 runs/s",
+            rate("ours, 1 worker", "runs_per_second") if sqlite else math.nan,
+            50,
+        ),
+    ]
+    met = [(name, value, value >= floor) for name, value, floor in rows if not math.isnan(value)]
+    ceilings = [
+        ("<= 20 SQL statements per run (tools' included)", counts["statements"] / runs, 20),
+        ("<= 3 statements per worker commit", runtime / commits, 3),
+        ("0 new connections per run, steady state", sessions, 0),
+    ]
+    met += [(name, value, value <= top) for name, value, top in ceilings if not math.isnan(value)]
+    return met
+
+
+def print_targets(rows: list[tuple[str, float, bool]]) -> None:
+    print("\nissue 9 targets:")
+    for name, value, met in rows:
+        print(f"  {'met    ' if met else 'MISSED '} {name}: {value:.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100, help="timed runs per measurement")
@@ -254,6 +297,7 @@ def main() -> int:
 
     counts = count_statements(args.count_runs)
     print_counts(counts, args.kinds)
+    print_targets(targets(results, counts, args.sqlite))
     if args.json:
         args.json.write_text(json.dumps({"rounds": results.rounds, "counts": counts}, indent=1))
     return 0
