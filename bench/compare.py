@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from peers.workload import server_counters
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
@@ -147,9 +149,7 @@ def measure(system: System, args: argparse.Namespace, log: Path) -> dict[str, fl
         return measure_peer(system, args.runs, log)
     from ours import measure_live
 
-    counters = None
-    if not args.sqlite:
-        from peers.workload import server_counters as counters
+    counters = None if args.sqlite else server_counters
     return measure_live(system.workers, args.runs, args.probes, log, counters)
 
 
@@ -211,6 +211,11 @@ def print_counts(counts: dict[str, Any], show_kinds: bool) -> None:
         f"({counts['connections'] / runs:.2f} per run, start-up included)\n"
         f"  start_run: {counts['start_statements'] / runs:.1f} statements per run"
     )
+    if "transactions" in counts:
+        print(
+            f"  {counts['transactions'] / runs:.1f} transactions per run while the worker ran "
+            "(pg_stat_database: each is a BEGIN..COMMIT or a lone statement)"
+        )
     if show_kinds:
         for kind, count in counts["kinds"].items():
             print(f"    {count / runs:6.2f}/run  {kind}")
@@ -295,7 +300,7 @@ def main() -> int:
 
     from ours import count_statements
 
-    counts = count_statements(args.count_runs)
+    counts = count_statements(args.count_runs, None if args.sqlite else server_counters)
     print_counts(counts, args.kinds)
     print_targets(targets(results, counts, args.sqlite))
     if args.json:

@@ -173,14 +173,16 @@ class StatementCounter:
         return sum(self.kinds.values())
 
 
-def count_statements(runs: int) -> dict[str, Any]:
+def count_statements(runs: int, counters: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Drive ``runs`` started runs with one in-process Worker(until_idle) and count its SQL.
 
     Returns ``{"runs", "commits": the worker's ThreadCommits, "statements": executed by the
     worker, "tool_statements": of those, on its tools thread (the tools' own effects),
     "connections": opened by the worker, "start_statements": executed by start_run for all
-    runs, "kinds": {"role kind": count}}``. BEGIN and COMMIT are not statements here (psycopg
-    sends them outside ``execute``); every other round trip through Django is.
+    runs, "kinds": {"role kind": count}, "transactions": the server's count while the worker
+    ran (with ``counters``, ``peers.workload.server_counters``; else absent)}``. BEGIN and
+    COMMIT are not statements here (psycopg sends them outside ``execute``); every other round
+    trip through Django is.
     """
     from django.db import connection
     from django.db.backends.signals import connection_created
@@ -194,7 +196,9 @@ def count_statements(runs: int) -> dict[str, Any]:
     counter = StatementCounter()
     connection_created.connect(counter.on_connection, weak=False, dispatch_uid="bench-count")
     try:
-        Worker(worker_id="bench-count", until_idle=True).run()
+        with counters() if counters else _no_counts() as counted:
+            Worker(worker_id="bench-count", until_idle=True).run()
+            server = counted()
     finally:
         connection_created.disconnect(dispatch_uid="bench-count")
     check_outcome(run_ids)
@@ -207,4 +211,5 @@ def count_statements(runs: int) -> dict[str, Any]:
         "connections": counter.connections,
         "start_statements": starting.total,
         "kinds": dict(counter.kinds.most_common()),
+        **({"transactions": server["transactions"]} if server else {}),
     }
