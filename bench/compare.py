@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peers.workload import server_counters
+from peers.workload import SETTLE_ENV, server_counters
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -249,11 +249,12 @@ def targets(
         ),
     ]
     met = [(name, value, value >= floor) for name, value, floor in rows if not math.isnan(value)]
-    ceilings = [
-        ("<= 20 SQL statements per run (tools' included)", counts["statements"] / runs, 20),
-        ("<= 3 statements per worker commit", runtime / commits, 3),
-        ("0 new connections per run, steady state", sessions, 0),
-    ]
+    ceilings = [("0 new connections per run, steady state", sessions, 0)]
+    if not sqlite:  # the statement targets are PostgreSQL's (issue 9, Deliver 3)
+        ceilings += [
+            ("<= 20 SQL statements per run (tools' included)", counts["statements"] / runs, 20),
+            ("<= 3 statements per worker commit", runtime / commits, 3),
+        ]
     met += [(name, value, value <= top) for name, value, top in ceilings if not math.isnan(value)]
     return met
 
@@ -275,10 +276,18 @@ def main() -> int:
     parser.add_argument("--kinds", action="store_true", help="list statements by kind")
     parser.add_argument("--json", type=Path, help="also write every round's figures here")
     parser.add_argument(
+        "--settle",
+        type=float,
+        default=1.2,
+        help="seconds to wait before each pg_stat_database read; over 10 rules out the "
+        "statistics of idle backends arriving late (sessions/run exact, slower bench)",
+    )
+    parser.add_argument(
         "--only", nargs="+", default=[], help="measure only systems whose name contains one"
     )
     args = parser.parse_args()
 
+    os.environ[SETTLE_ENV] = str(args.settle)  # read by this process and the peers
     label = setup(args.database, args.sqlite)
     log = Path(os.environ.get("RUNTIME_VAR_DIR", ROOT / "var")) / "compare.log"
     log.parent.mkdir(parents=True, exist_ok=True)

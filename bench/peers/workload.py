@@ -24,7 +24,10 @@ import psycopg
 PROMPT = "Record a, b and c."
 CALLS = (("ledger_once", "a"), ("ledger_reconnect", "b"), ("ledger_replay", "c"))
 FINAL_TEXT = "All three keys are recorded."
-STATS_SETTLE_SECONDS = 1.2  # backends flush their pending statistics at most once a second
+# A busy backend publishes its statistics (its session's start among them) at most once a
+# second; an idle one up to 10 s late (PostgreSQL's PGSTAT_IDLE_INTERVAL). compare.py's
+# --settle sets this for itself and the peers.
+SETTLE_ENV = "BENCH_STATS_SETTLE_SECONDS"
 
 Batch = Callable[[int], list[str]]  # runs ``count`` runs, returns their run ids
 
@@ -117,13 +120,15 @@ def server_counters() -> Iterator[Callable[[], dict[str, int]]]:
 
     Reads ``pg_stat_database`` (sessions: PostgreSQL 14+) through one connection held for the
     whole block, so its own session is not in the delta (its own reads are: a few
-    transactions). Each read waits STATS_SETTLE_SECONDS first: other backends publish their
-    counters up to a second late.
+    transactions). Each read waits ``$BENCH_STATS_SETTLE_SECONDS`` first (default 1.2 s): other
+    backends publish their counters late, so a session opened before the block by a backend
+    that has stayed idle since may still land in the delta unless the wait is over 10 s.
     """
+    settle = float(os.environ.get(SETTLE_ENV, "1.2"))
     with psycopg.connect(database_url(), autocommit=True) as db:
 
         def read() -> dict[str, int]:
-            time.sleep(STATS_SETTLE_SECONDS)
+            time.sleep(settle)
             db.execute("SELECT pg_stat_clear_snapshot()")
             sessions, transactions = db.execute(
                 "SELECT sessions, xact_commit + xact_rollback FROM pg_stat_database"
