@@ -52,8 +52,9 @@ SCRIPT = {
 }
 
 
-def scratch_database() -> str:
-    """Point DATABASE_URL at a fresh scratch database; return a label for the report."""
+def scratch_database(name: str = SCRATCH_PG) -> str:
+    """Point DATABASE_URL at a fresh scratch database ``name`` (dropped and re-created on the
+    server of DATABASE_URL, or a SQLite file when it is unset or SQLite); return a label."""
     import dj_database_url
 
     url = os.environ.get("DATABASE_URL", "")
@@ -69,13 +70,13 @@ def scratch_database() -> str:
             password=config.get("PASSWORD") or None,
             autocommit=True,
         ) as db:
-            db.execute(f'DROP DATABASE IF EXISTS "{SCRATCH_PG}" WITH (FORCE)')
-            db.execute(f'CREATE DATABASE "{SCRATCH_PG}"')
-        os.environ["DATABASE_URL"] = f"{url.rsplit('/', 1)[0]}/{SCRATCH_PG}"
-        return f"postgresql ({SCRATCH_PG} on {config['HOST']}:{config['PORT']})"
+            db.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            db.execute(f'CREATE DATABASE "{name}"')
+        os.environ["DATABASE_URL"] = f"{url.rsplit('/', 1)[0]}/{name}"
+        return f"postgresql ({name} on {config['HOST']}:{config['PORT']})"
     var = Path(os.environ.get("RUNTIME_VAR_DIR", ROOT / "var"))
     var.mkdir(parents=True, exist_ok=True)
-    path = var / "loop_bench.sqlite3"
+    path = var / f"{name}.sqlite3"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     os.environ["DATABASE_URL"] = f"sqlite:///{path}"
