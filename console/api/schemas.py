@@ -174,6 +174,14 @@ class MessageOut(Schema):
     seq: int
 
 
+class LateResultOut(Schema):
+    attempt: int
+    result: str
+    is_error: bool
+    worker: str
+    at: Timestamp
+
+
 class CallOut(Schema):
     index: int
     call_id: str
@@ -192,6 +200,15 @@ class CallOut(Schema):
     is_error: bool
     effect_may_have_started: bool
     updated_at: Timestamp | None = None
+    late_results: list[LateResultOut] = Field(
+        default_factory=list,
+        description="results of superseded or sealed attempts, reported late; never published",
+    )
+    possible_duplicate: bool = Field(
+        False,
+        description="a non-replay call got a late result from another attempt: its effect may "
+        "have happened twice; check downstream by operation id",
+    )
 
 
 class BatchOut(Schema):
