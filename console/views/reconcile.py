@@ -24,6 +24,27 @@ from runtime.errors import RunAlreadyActive, RuntimeFault
 from runtime.models import LateEvidence, ReconciliationRecord, ToolCallRecord
 
 
+def mark_corrections(records: list[ReconciliationRecord]) -> list[ReconciliationRecord]:
+    """Set ``corrects`` on each record that contradicts an earlier one of the same call.
+
+    ``records`` are ordered by seq. A record corrects the latest earlier record of its call
+    when that one said "applied" or "not_applied" and this one says something else; "unknown"
+    contradicts nothing (it is what the operator did not know yet).
+    """
+    last: dict[str, ReconciliationRecord] = {}
+    for r in records:
+        before = last.get(r.call_id)
+        r.corrects = (
+            before
+            if before is not None
+            and before.outcome in ("applied", "not_applied")
+            and r.outcome != before.outcome
+            else None
+        )
+        last[r.call_id] = r
+    return records
+
+
 @dataclass
 class CallCard:
     call: ToolCallRecord
@@ -35,7 +56,7 @@ class CallCard:
 
     @property
     def records(self) -> list[ReconciliationRecord]:
-        return list(self.call.reconciliations.all())
+        return mark_corrections(list(self.call.reconciliations.all()))
 
     @property
     def evidence(self) -> list[LateEvidence]:
@@ -65,17 +86,22 @@ def _card(call: ToolCallRecord, form: ReconcileForm | None = None) -> CallCard:
 def reconciliation(request: HtmxHttpRequest) -> HttpResponse:
     """Indeterminate calls to check downstream: unreconciled first, newest first."""
     show = request.GET.get("show", "open")
-    calls = list(_calls().order_by("-updated_at"))
-    pending = [c for c in calls if not c.reconciliations.all()]
-    done = [c for c in calls if c.reconciliations.all()]
-    shown = pending if show == "open" else calls
-    context = {
-        "cards": [_card(c) for c in shown],
-        "show": show,
-        "pending_count": len(pending),
-        "done_count": len(done),
-    }
+    context: dict[str, Any] = {"show": show, **reconcile_counts()}
+    if request.GET.get("part") == "counters":
+        return render_page(request, "console/reconcile.html", context, partial="counters")
+    calls = _calls().order_by("-updated_at")
+    if show == "open":
+        calls = calls.filter(reconciliations__isnull=True)
+    context["cards"] = [_card(c) for c in calls]
     return render_page(request, "console/reconcile.html", context, partial="calls")
+
+
+def reconcile_counts() -> dict[str, int]:
+    """Indeterminate calls whose effect may have started: unreconciled and reconciled."""
+    calls = ToolCallRecord.objects.filter(phase="indeterminate", effect_may_have_started=True)
+    total = calls.count()
+    pending = calls.filter(reconciliations__isnull=True).count()
+    return {"pending_count": pending, "done_count": total - pending}
 
 
 @needs(OPERATE, write=True)
@@ -118,9 +144,12 @@ def reconcile_call(request: HtmxHttpRequest, call_id: str) -> HttpResponse:
             card.form = ReconcileForm(prefix=call.id)
         card.call = _calls().get(id=call.id)
     if request.htmx:
-        return render_page(
+        response = render_page(
             request, "console/reconcile.html", {"card": card}, partial="card", status=status
         )
+        if status < 300:
+            response["HX-Trigger"] = "rt:reconciled"  # the tab counters refresh
+        return response
     if status < 300:
         messages.success(request, card.notice)
         return redirect("console:reconcile")

@@ -18,7 +18,8 @@ from django.shortcuts import redirect
 from console.forms import SCRIPT_EXAMPLES, CancelForm, RunFilterForm, StartRunForm
 from console.models import OPERATE, READ
 from console.views.common import HtmxHttpRequest, actor, needs, render_page
-from console.views.tickets import build_card
+from console.views.reconcile import mark_corrections
+from console.views.tickets import attach_notes, build_card
 from runtime import operations
 from runtime.agents import registry
 from runtime.documents import RUN_SUMMARY_FIELDS, run_document
@@ -148,19 +149,25 @@ def run_context(run_id: str) -> dict[str, Any]:
         .order_by("opened_seq")
     )
     open_ticket = next((t for t in tickets if t.state == "open"), None)
-    reconciliations = list(
-        ReconciliationRecord.objects.filter(call__run_id=run_id)
-        .select_related("call")
-        .order_by("seq")
+    reconciliations = mark_corrections(
+        list(
+            ReconciliationRecord.objects.filter(call__run_id=run_id)
+            .select_related("call")
+            .order_by("seq")
+        )
     )
+    calls = {
+        c["call_id"]: f"#{c['index']} {c['name']}" for b in doc["batches"] for c in b["calls"]
+    }
     return {
         "run": doc,
         "created_at": datetime.fromisoformat(doc["created_at"]),
         "latest_commit": latest,
         "log": log[-LOG_SHOWN:],  # the page stays fast however long the run is
         "log_total": len(log),
-        "tickets": tickets,
+        "tickets": attach_notes(tickets),
         "open_ticket": open_ticket,
+        "calls": calls,
         "reconciliations": reconciliations,
     }
 

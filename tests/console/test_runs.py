@@ -120,7 +120,7 @@ def test_run_page_shows_committed_state(operator, approval_run):
     html = response.content.decode()
     assert response.status_code == 200
     view = run.view
-    assert "Committed state" in html and "from the latest commit" in html
+    assert "Committed state" in html and "as of commit #" in html
     assert f'data-testid="run-version">{view.version}<' in html
     assert 'data-testid="run-state">awaiting' in html
     call = run.calls[0]
