@@ -98,7 +98,9 @@ class RunFilterForm(forms.Form):
     )
     agent = forms.CharField(required=False, max_length=100)
     q = forms.CharField(required=False, max_length=64, label="Run or thread id")
+    unreconciled = forms.BooleanField(required=False, label="Needs reconciliation")
     after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
+    top = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
 
 
 class InboxFilterForm(forms.Form):
@@ -179,6 +181,11 @@ class ReconcileForm(forms.Form):
         max_length=5000,
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="What the downstream system says (a reference, a query result).",
+    )
+    correction = forms.BooleanField(
+        required=False,
+        label="This corrects the earlier record",
+        help_text="Needed when the outcome contradicts one already recorded.",
     )
     follow_up_agent = forms.ChoiceField(
         required=False,

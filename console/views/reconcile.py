@@ -104,6 +104,14 @@ def reconcile_counts() -> dict[str, int]:
     return {"pending_count": pending, "done_count": total - pending}
 
 
+def _contradicted(card: CallCard, data: dict[str, Any]) -> ReconciliationRecord | None:
+    """The earlier record a new outcome contradicts, unless the operator said it corrects it."""
+    decided = [r for r in card.records if r.outcome in ("applied", "not_applied")]
+    if not decided or data.get("correction") or data["outcome"] in ("unknown", decided[-1].outcome):
+        return None
+    return decided[-1]
+
+
 @needs(OPERATE, write=True)
 def reconcile_call(request: HtmxHttpRequest, call_id: str) -> HttpResponse:
     """Record a downstream outcome; optionally start a follow-up run on the thread."""
@@ -116,6 +124,13 @@ def reconcile_call(request: HtmxHttpRequest, call_id: str) -> HttpResponse:
     if not form.is_valid():
         card.error = "Check the form."
         status = 400
+    elif (earlier := _contradicted(card, form.cleaned_data)) is not None:
+        card.error = (
+            f"This contradicts commit #{earlier.seq} ({earlier.outcome.replace('_', ' ')} by "
+            f"{earlier.actor or 'an unnamed actor'}). Tick \"This corrects the earlier "
+            "record\" to record it as a correction."
+        )
+        status = 409
     else:
         data = form.cleaned_data
         try:

@@ -24,7 +24,14 @@ from runtime import operations
 from runtime.agents import registry
 from runtime.documents import RUN_SUMMARY_FIELDS, run_document
 from runtime.errors import NotFound, RuntimeFault
-from runtime.models import ReconciliationRecord, Run, ThreadCommit, Ticket
+from runtime.models import (
+    MessageRecord,
+    ReconciliationRecord,
+    Run,
+    ThreadCommit,
+    Ticket,
+    ToolCallRecord,
+)
 
 PAGE_SIZE = 50
 STATES = ("running", "awaiting", "ended")
@@ -57,15 +64,39 @@ def _counts() -> dict[str, Any]:
         "total": sum(states.values()),
         "states": [(s, states.get(s, 0)) for s in STATES],
         "causes": [(c, causes.get(c, 0)) for c in CAUSES],
+        "unreconciled": unreconciled_calls().values("run_id").distinct().count(),
     }
 
 
-@needs(READ)
-def runs(request: HtmxHttpRequest) -> HttpResponse:
-    """The runs list: counts, filters, search, keyset pages (newest first)."""
-    form = RunFilterForm(request.GET)
-    form.is_valid()
-    data = form.cleaned_data
+def unreconciled_calls():
+    """Indeterminate calls whose effect may have started and that nobody reconciled yet."""
+    return ToolCallRecord.objects.filter(
+        phase="indeterminate", effect_may_have_started=True, reconciliations__isnull=True
+    )
+
+
+def _row_context(page: list[Run]) -> None:
+    """Set ``input_line``, ``waits_for`` and ``needs_reconciliation`` on each run: three
+    queries for the whole page, none per row."""
+    ids = [r.id for r in page]
+    inputs: dict[str, str] = {}
+    users = MessageRecord.objects.filter(run_id__in=ids, role="user").order_by("-seq", "-idx")
+    for run_id, content in users.values_list("run_id", "content"):
+        inputs[run_id] = content  # newest first: the first user message wins
+    waits = {
+        run_id: f"{kind}: #{index} {name}"
+        for run_id, kind, index, name in Ticket.objects.filter(
+            run_id__in=[r.id for r in page if r.state == "awaiting"], state="open"
+        ).values_list("run_id", "kind", "call__index", "call__name")
+    }
+    flagged = set(unreconciled_calls().filter(run_id__in=ids).values_list("run_id", flat=True))
+    for r in page:
+        r.input_line = inputs.get(r.id, "")
+        r.waits_for = waits.get(r.id, "")
+        r.needs_reconciliation = r.id in flagged
+
+
+def _filtered(data: dict[str, Any]):
     rows = Run.objects.all()
     if data.get("state"):
         rows = rows.filter(state=data["state"])
@@ -73,21 +104,53 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
         rows = rows.filter(end_cause=data["cause"])
     if data.get("agent"):
         rows = rows.filter(agent=data["agent"])
+    if data.get("unreconciled"):
+        rows = rows.filter(id__in=unreconciled_calls().values("run_id"))
     if q := (data.get("q") or "").strip():
         rows = rows.filter(Q(id__startswith=q) | Q(thread__id__startswith=q))
+    return rows
+
+
+def _older_or_same(rows, cursor: tuple[datetime, str], *, inclusive: bool):
+    stamp, run_id = cursor
+    same = Q(created_at=stamp, id__lte=run_id) if inclusive else Q(created_at=stamp, id__lt=run_id)
+    return rows.filter(Q(created_at__lt=stamp) | same)
+
+
+@needs(READ)
+def runs(request: HtmxHttpRequest) -> HttpResponse:
+    """The runs list: counts, filters, search, keyset pages (newest first).
+
+    ``top`` pins the first page to the runs it showed when loaded: a live refresh updates
+    those rows in place and only counts newer runs ("3 new runs: show them"), so rows never
+    move under the pointer while runs are created (issue 11, defect 9).
+    """
+    form = RunFilterForm(request.GET)
+    form.is_valid()
+    data = form.cleaned_data
+    rows = _filtered(data)
     cursor = _parse_cursor(data.get("after") or "")
+    top = _parse_cursor(data.get("top") or "")
+    newer = 0
     if cursor:
-        stamp, run_id = cursor
-        rows = rows.filter(Q(created_at__lt=stamp) | Q(created_at=stamp, id__lt=run_id))
+        rows = _older_or_same(rows, cursor, inclusive=False)
+    elif top:
+        newer = rows.count() - _older_or_same(rows, top, inclusive=True).count()
+        rows = _older_or_same(rows, top, inclusive=True)
     page = list(rows.order_by("-created_at", "-id").only(*RUN_SUMMARY_FIELDS)[: PAGE_SIZE + 1])
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
+    _row_context(page)
     params = request.GET.copy()
     params.pop("after", None)
+    params.pop("top", None)
     next_params = params.copy()
     if more:
         next_params["after"] = _cursor(page[-1])
-    filters = {k: v for k, v in data.items() if k != "after" and v}
+    self_params = request.GET.copy()
+    if not cursor and page and not top:
+        self_params["top"] = _cursor(page[0])
+    filters = {k: v for k, v in data.items() if k not in ("after", "top") and v}
     context = {
         "form": form,
         "runs": page,
@@ -96,9 +159,10 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
         "filters": filters,
         "filtered": bool(filters),
         "paged": cursor is not None,
+        "newer": newer,
         "first_query": params.urlencode(),
         "next_query": next_params.urlencode() if more else None,
-        "self_query": request.GET.urlencode(),
+        "self_query": self_params.urlencode(),
     }
     return render_page(request, "console/runs.html", context, partial="listing")
 

@@ -67,7 +67,7 @@ def test_approval_flow_live_then_committed(stack, page, browser, sign_in):
     expect(page.locator("[data-testid=run-state]")).to_contain_text("awaiting", timeout=15_000)
     expect(page.locator("#committed .messages")).to_contain_text("Let me record that.")
     expect(live).to_be_hidden()  # cleared when the commit landed
-    expect(page.locator("#committed")).to_contain_text("ActiveToolBatch (open)")
+    expect(page.locator("#committed")).to_contain_text("open batch")
 
     inbox = page.context.new_page()
     inbox.goto(stack.base_url + "/inbox/")

@@ -104,7 +104,7 @@ def test_reconnect_shows_committed_state_first(stack, page, sign_in):
 
     # on reconnect: the committed state is fetched, the stale live text is gone
     expect(status).to_have_text("Live: connected.", timeout=20_000)
-    expect(page.locator("#committed")).to_contain_text("ActiveToolBatch (open)")
+    expect(page.locator("#committed")).to_contain_text("open batch")
     expect(page.locator("#committed .messages")).to_contain_text("half a sentence, finished")
     expect(page.locator("#live-text")).to_be_hidden()
     assert page.evaluate("window.__notReloaded") is True

@@ -126,7 +126,7 @@ def test_run_page_shows_committed_state(operator, approval_run):
     call = run.calls[0]
     assert call.operation_id in html
     assert "Pinned policy" in html and ">indeterminate<" in html
-    assert "ActiveToolBatch (open)" in html
+    assert "open batch" in html
     assert "phase-awaiting" in html
     assert "Let me record that." in html  # committed assistant message
     assert "invoice-42" in html
