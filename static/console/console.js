@@ -178,7 +178,7 @@
     go.type = "button";
     go.className = button.className;
     go.textContent = "Confirm: " + button.textContent.trim().toLowerCase();
-    go.addEventListener("click", function () { box.remove(); button.form.requestSubmit(button); });
+    go.addEventListener("click", function () { box.remove(); button.click(); });
     var no = document.createElement("button");
     no.type = "button";
     no.textContent = "Cancel (Esc)";
