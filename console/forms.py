@@ -117,8 +117,12 @@ class InboxFilterForm(forms.Form):
         label="Age",
         coerce=int,
         empty_value=None,
-        choices=[("", "any age"), ("5", "older than 5 min"), ("60", "older than 1 h"),
-                 ("1440", "older than 1 day")],
+        choices=[
+            ("", "any age"),
+            ("5", "older than 5 min"),
+            ("60", "older than 1 h"),
+            ("1440", "older than 1 day"),
+        ],
     )
     after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
 
@@ -340,7 +344,9 @@ class SchemaForm(forms.Form):
         )
         if self.is_object:
             required = set(self.schema.get("required") or ())
-            names = sorted(properties, key=lambda n: (order or []).index(n)) if order else properties
+            names = (
+                sorted(properties, key=lambda n: (order or []).index(n)) if order else properties
+            )
             for name in names:
                 sub = properties[name]
                 self.fields[name] = schema_field(name, sub, required=name in required)

@@ -37,7 +37,7 @@ class CallFilters(Schema):
     unreconciled: bool = Field(
         False,
         description="only Indeterminate calls whose effect may have started and that no "
-        "reconciliation was recorded for yet (the console's \"To check\" list)",
+        'reconciliation was recorded for yet (the console\'s "To check" list)',
     )
     run: Id | None = Field(None, description="a run id")
     cursor: str | None = Field(None, pattern=CURSOR_PATTERN, description="from next_cursor")

@@ -127,8 +127,8 @@ def reconcile_call(request: HtmxHttpRequest, call_id: str) -> HttpResponse:
     elif (earlier := _contradicted(card, form.cleaned_data)) is not None:
         card.error = (
             f"This contradicts commit #{earlier.seq} ({earlier.outcome.replace('_', ' ')} by "
-            f"{earlier.actor or 'an unnamed actor'}). Tick \"This corrects the earlier "
-            "record\" to record it as a correction."
+            f'{earlier.actor or "an unnamed actor"}). Tick "This corrects the earlier '
+            'record" to record it as a correction.'
         )
         status = 409
     else:

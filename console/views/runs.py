@@ -220,9 +220,7 @@ def run_context(run_id: str) -> dict[str, Any]:
             .order_by("seq")
         )
     )
-    calls = {
-        c["call_id"]: f"#{c['index']} {c['name']}" for b in doc["batches"] for c in b["calls"]
-    }
+    calls = {c["call_id"]: f"#{c['index']} {c['name']}" for b in doc["batches"] for c in b["calls"]}
     return {
         "run": doc,
         "created_at": datetime.fromisoformat(doc["created_at"]),

@@ -41,6 +41,4 @@ def tab_count(request: HttpRequest, which: str) -> HttpResponse:
     """One tab's count as the ``<span>`` the navigation shows."""
     if which not in TABS:
         raise Http404(f"no tab {which}")
-    return TemplateResponse(
-        request, "console/tab_count.html", {"which": which, "n": count(which)}
-    )
+    return TemplateResponse(request, "console/tab_count.html", {"which": which, "n": count(which)})

@@ -105,9 +105,7 @@ def closed_notice(ticket: Ticket) -> str:
     if ticket.state == "consumed":
         note = attach_notes([ticket])[0].note
         past = PAST.get(ticket.decision, ticket.decision)
-        return f"Already answered: {past} by {who} at {when}." + (
-            f" Note: {note}" if note else ""
-        )
+        return f"Already answered: {past} by {who} at {when}." + (f" Note: {note}" if note else "")
     if ticket.state == "void":
         return (
             f"Closed without an answer: the run ended ({ticket.run.end_cause}), by {who} at {when}."
@@ -189,9 +187,9 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     if after:
         rows = rows.filter(Q(created_at__gt=after[0]) | Q(created_at=after[0], id__gt=after[1]))
     page = list(
-        rows.select_related("call", "run").defer("run__snapshot").order_by("created_at", "id")[
-            : INBOX_PAGE + 1
-        ]
+        rows.select_related("call", "run")
+        .defer("run__snapshot")
+        .order_by("created_at", "id")[: INBOX_PAGE + 1]
     )
     more = len(page) > INBOX_PAGE
     page = page[:INBOX_PAGE]

@@ -74,9 +74,9 @@ def test_approval_flow_live_then_committed(stack, page, browser, sign_in):
     card = inbox.locator(".ticket-card", has_text="ledger_approval")
     expect(card).to_contain_text("invoice-42")
     card.locator("button:has-text('Approve')").click()
-    # the card may leave the list at once (the commit refreshes it); the flash stays
-    expect(inbox.locator("#flash")).to_contain_text("Approved by olga")
-    expect(inbox.locator("#tickets")).to_contain_text("Recently closed")
+    # the card stays where it was, showing its outcome; "recently closed" follows the log
+    expect(card.locator("[data-outcome]")).to_contain_text("Approved by olga")
+    expect(inbox.locator("#recent")).to_contain_text("ledger_approval")
     inbox.close()
 
     expect(page.locator("[data-testid=run-state]")).to_contain_text(

@@ -70,9 +70,7 @@ def test_a_refused_answer_says_who_answered_in_place(stack, page, sign_in):
     expect(page.get_by_test_id("open-count")).to_have_text("0")  # the page heard the commit
     card.locator("input[name=reason]").fill("too late")
     card.locator("button[value=deny]").click()
-    expect(card.locator("[data-outcome]")).to_contain_text(
-        "Already answered: approved by olga at"
-    )
+    expect(card.locator("[data-outcome]")).to_contain_text("Already answered: approved by olga at")
     expect(card.locator("[data-outcome]")).to_contain_text("UTC")
     expect(page.locator("#flash")).not_to_contain_text("not sent")
 

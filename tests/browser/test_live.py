@@ -114,7 +114,13 @@ def open_run_page(stack, page, sign_in) -> tuple[str, str]:
 
 
 def commit_notice(run_id: str, seq: int) -> dict:
-    return {"type": "run.commit", "run_id": run_id, "thread_id": "t", "seq": seq, "state": "running"}
+    return {
+        "type": "run.commit",
+        "run_id": run_id,
+        "thread_id": "t",
+        "seq": seq,
+        "state": "running",
+    }
 
 
 def test_a_repeated_commit_notice_does_not_reset_the_stream(stack, page, sign_in):

@@ -168,7 +168,9 @@ def test_tour_of_every_page(stack, page, browser, sign_in):
     approve = page.locator(f"#ticket-{ids['approval_ticket']} button:has-text('Approve')")
     approve.focus()
     page.keyboard.press("Enter")
-    expect(page.locator("#flash")).to_contain_text("Approved by olga")
+    expect(page.locator(f"#ticket-{ids['approval_ticket']} [data-outcome]")).to_contain_text(
+        "Approved by olga"
+    )
 
     phone = browser.new_context(
         viewport=PHONE, is_mobile=True, has_touch=True, device_scale_factor=2
