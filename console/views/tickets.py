@@ -33,7 +33,7 @@ from runtime.errors import (
     TicketConsumed,
     TicketMismatch,
 )
-from runtime.models import MessageRecord, Ticket, ThreadCommit
+from runtime.models import MessageRecord, ThreadCommit, Ticket
 
 KEY_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 INBOX_PAGE = 25
