@@ -204,3 +204,29 @@ def test_unreconciled_api_filter_matches_the_console(operator, indeterminate_cal
     html = operator.get(reverse("console:reconcile")).content.decode()
     assert call.call_id not in html  # recorded: off the "to check" list
     assert json.dumps(call.call_id)  # the API's twin is in tests/api/test_tool_calls.py
+
+
+def test_audit_lists_every_decision_with_filters(
+    operator, approval_run, new_run, indeterminate_call
+):
+    run, ticket_id = approval_run
+    operator.post(
+        reverse("console:answer", args=[ticket_id]),
+        {"decision": "approve", "note": "ok by finance"},
+        headers=HX,
+    )
+    cancelled = new_run()
+    operations.cancel(cancelled.run_id, actor="olga", reason="wrong customer")
+    _, call = indeterminate_call
+    operations.reconcile(call.call_id, outcome="applied", evidence="row 9", actor="rita")
+    html = operator.get(reverse("console:audit")).content.decode()
+    for text in ("ok by finance", "wrong customer", "row 9", "run cancelled", "applied"):
+        assert text in html, text
+    only = operator.get(reverse("console:audit"), {"decision": "cancel"}).content.decode()
+    assert "wrong customer" in only and "ok by finance" not in only
+    by_rita = operator.get(reverse("console:audit"), {"actor": "rita"}).content.decode()
+    assert "row 9" in by_rita and "wrong customer" not in by_rita
+    one_run = operator.get(reverse("console:audit"), {"run": run.run_id}).content.decode()
+    assert "ok by finance" in one_run and "row 9" not in one_run
+    recent = operator.get(reverse("console:audit"), {"within": "60"}).content.decode()
+    assert "ok by finance" in recent
