@@ -97,7 +97,7 @@ class RunFilterForm(forms.Form):
         ],
     )
     agent = forms.CharField(required=False, max_length=100)
-    q = forms.CharField(required=False, max_length=64, label="Run or thread id")
+    q = forms.CharField(required=False, max_length=100, label="Run, thread or operation id")
     unreconciled = forms.BooleanField(required=False, label="Needs reconciliation")
     after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
     top = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)

@@ -107,7 +107,12 @@ def _filtered(data: dict[str, Any]):
     if data.get("unreconciled"):
         rows = rows.filter(id__in=unreconciled_calls().values("run_id"))
     if q := (data.get("q") or "").strip():
-        rows = rows.filter(Q(id__startswith=q) | Q(thread__id__startswith=q))
+        by_operation = ToolCallRecord.objects.filter(operation_id__startswith=q)
+        rows = rows.filter(
+            Q(id__startswith=q)
+            | Q(thread__id__startswith=q)
+            | Q(id__in=by_operation.values("run_id"))
+        )
     return rows
 
 
@@ -171,11 +176,28 @@ def _event_run_id(event: dict[str, Any]) -> str | None:
     return event.get("run_id")
 
 
-LOG_SHOWN = 200  # commits listed on a run page; the API pages through the rest
+LOG_SHOWN = 200  # commits listed on a run page; older ones are paged (or read from the API)
+MESSAGES_SHOWN = 6  # the latest messages shown open; earlier ones fold away
 
 
-def run_context(run_id: str) -> dict[str, Any]:
-    """Everything the run page shows, from committed state only."""
+def _log_page(
+    log: list[ThreadCommit], kind: str, before: int | None
+) -> tuple[list[ThreadCommit], int | None]:
+    """The commits to list: of one event kind if asked, the LOG_SHOWN latest before ``before``
+    (a seq); returns them and the seq to page further back from (None: nothing older)."""
+    if kind:
+        log = [c for c in log if any(e.get("type") == kind for e in c.events)]
+    if before is not None:
+        log = [c for c in log if c.seq < before]
+    shown = log[-LOG_SHOWN:]
+    return shown, (shown[0].seq if len(log) > len(shown) else None)
+
+
+def run_context(
+    run_id: str, *, log_kind: str = "", log_before: int | None = None
+) -> dict[str, Any]:
+    """Everything the run page shows, from committed state only; ``log_kind`` and
+    ``log_before`` pick the commit log's page (an event type, a seq to list back from)."""
     try:
         doc = run_document(run_id)
     except NotFound as exc:
@@ -221,12 +243,20 @@ def run_context(run_id: str) -> dict[str, Any]:
         )
     )
     calls = {c["call_id"]: f"#{c['index']} {c['name']}" for b in doc["batches"] for c in b["calls"]}
+    shown, older = _log_page(log, log_kind, log_before)  # the page stays fast however long
+    messages = doc["messages"]
     return {
         "run": doc,
         "created_at": datetime.fromisoformat(doc["created_at"]),
         "latest_commit": latest,
-        "log": log[-LOG_SHOWN:],  # the page stays fast however long the run is
+        "log": shown,
         "log_total": len(log),
+        "log_kinds": sorted({e.get("type", "?") for c in log for e in c.events}),
+        "log_kind": log_kind,
+        "log_paged": bool(log_kind) or log_before is not None,
+        "log_older": older,
+        "earlier_messages": messages[:-MESSAGES_SHOWN],
+        "latest_messages": messages[-MESSAGES_SHOWN:],
         "tickets": attach_notes(tickets),
         "open_ticket": open_ticket,
         "calls": calls,
@@ -234,8 +264,16 @@ def run_context(run_id: str) -> dict[str, Any]:
     }
 
 
-def run_page_context(run_id: str, cancel_form: CancelForm | None = None) -> dict[str, Any]:
-    context = run_context(run_id)
+def run_page_context(
+    run_id: str, cancel_form: CancelForm | None = None, query: Any = None
+) -> dict[str, Any]:
+    query = query or {}
+    before = query.get("log_before", "")
+    context = run_context(
+        run_id,
+        log_kind=str(query.get("log_kind", ""))[:40],
+        log_before=int(before) if str(before).isdigit() else None,
+    )
     if context["open_ticket"] is not None:
         context["card"] = build_card(context["open_ticket"])
     context["cancel_form"] = cancel_form or CancelForm()
@@ -245,7 +283,7 @@ def run_page_context(run_id: str, cancel_form: CancelForm | None = None) -> dict
 @needs(READ)
 def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     """The run page: committed state, batch, ticket form, log; htmx asks for ``committed``."""
-    context = run_page_context(run_id)
+    context = run_page_context(run_id, query=request.GET)
     return render_page(request, "console/run.html", context, partial="committed")
 
 

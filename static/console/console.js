@@ -59,6 +59,27 @@
     }
   });
 
+  // -- copy buttons, and links into folded sections ---------------------------------------
+  document.addEventListener("click", function (e) {
+    var button = e.target.closest && e.target.closest("[data-copy]");
+    if (!button) return;
+    var text = button.getAttribute("data-copy");
+    var said = function () {
+      button.textContent = "Copied";
+      setTimeout(function () { button.textContent = "Copy"; }, 1500);
+    };
+    if (navigator.clipboard) navigator.clipboard.writeText(text).then(said, function () {});
+  });
+  function unfold() {
+    var id = decodeURIComponent(location.hash.slice(1));
+    var target = id && document.getElementById(id);
+    for (var el = target; el; el = el.parentElement) {
+      if (el.tagName === "DETAILS") el.open = true;
+    }
+    if (target) target.scrollIntoView();
+  }
+  window.addEventListener("hashchange", unfold);
+
   // -- refreshes that never wipe what a person is typing -----------------------------------
   function editing(el) {
     if (el.querySelector(".htmx-request")) return true;  // an answer is on its way
@@ -414,6 +435,7 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    unfold();
     tickTimes();
     setInterval(tickTimes, 10000);
     document.querySelectorAll("input.token").forEach(function (el) {

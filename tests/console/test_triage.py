@@ -230,3 +230,35 @@ def test_audit_lists_every_decision_with_filters(
     assert "ok by finance" in one_run and "row 9" not in one_run
     recent = operator.get(reverse("console:audit"), {"within": "60"}).content.decode()
     assert "ok by finance" in recent
+
+
+def test_long_run_log_filters_pages_and_folds(viewer, new_run, monkeypatch):
+    from console.views import runs as run_views
+
+    monkeypatch.setattr(run_views, "LOG_SHOWN", 3)
+    run = new_run()
+    for i in range(4):
+        (call,) = run.open_batch({"name": "ledger_replay", "arguments": {"key": f"k{i}"}})
+        run.execute(call)
+        run.complete(call, "ok")
+        run.finalize()
+    url = reverse("console:run", args=[run.run_id])
+    html = viewer.get(url).content.decode()
+    assert '<details class="batch "' in html  # finalized batches fold away
+    older = re.search(r'href="\?log_before=(\d+)[^"]*" data-testid="older-commits"', html)
+    before = int(older.group(1))
+    page = viewer.get(url, {"log_before": before}).content.decode()
+    seqs = [int(n) for n in re.findall(r'<td class="num mono">(\d+)</td>', page)]
+    assert seqs and max(seqs) < before
+    executing = viewer.get(url, {"log_kind": "CallExecuting"}).content.decode()
+    rows = re.findall(r"<tr>\s*<td class=\"num mono\">", executing)
+    assert len(rows) == 3 and "executing, attempt 1" in executing
+    assert "batch of step" not in executing.split('id="log-h"')[1]
+
+
+def test_search_by_operation_id(viewer, approval_run, new_run):
+    run, _ = approval_run
+    other = new_run()
+    operation_id = run.calls[0].operation_id
+    html = viewer.get(reverse("console:runs"), {"q": operation_id[:12]}).content.decode()
+    assert f'id="run-{run.run_id}"' in html and f'id="run-{other.run_id}"' not in html
