@@ -25,7 +25,7 @@ from runtime.agents import registry
 from runtime.models import ReconciliationRecord, ThreadCommit, Ticket
 
 PAGE = 100
-DECISIONS = ("approve", "deny", "input", "cancel", "reconcile")
+DECISIONS = ("approve", "deny", "input", "respond", "cancel", "reconcile")
 
 
 class AuditFilterForm(forms.Form):
@@ -74,7 +74,7 @@ def _window(rows: QuerySet[Any], field: str, data: dict[str, Any]) -> QuerySet[A
 
 def _answers(data: dict[str, Any]) -> list[Entry]:
     rows = Ticket.objects.filter(state="consumed").select_related("call", "run")
-    if data.get("decision") in ("approve", "deny", "input"):
+    if data.get("decision") in ("approve", "deny", "input", "respond"):
         rows = rows.filter(decision=data["decision"])
     elif data.get("decision"):
         return []

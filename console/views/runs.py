@@ -213,8 +213,12 @@ def run_context(
         if c.run_id == run_id or any(_event_run_id(e) == run_id for e in c.events)
     ]
     attempts: dict[str, list[dict[str, Any]]] = {}
+    acts: dict[str, dict[str, Any]] = {}  # operator acts on a call: edited args, a result
     for c in log:
         for e in c.events:
+            if e.get("type") == "CallResumed" and e.get("decision") in ("approve", "respond"):
+                if e.get("arguments") is not None or e["decision"] == "respond":
+                    acts[e["call_id"]] = {**e, "actor": c.actor, "seq": c.seq}
             if e.get("type") == "CallExecuting":
                 attempts.setdefault(e["call_id"], []).append(
                     {
@@ -227,6 +231,7 @@ def run_context(
     for batch in doc["batches"]:
         for call in batch["calls"]:
             call["attempts"] = attempts.get(call["call_id"], [])
+            call["operator_act"] = acts.get(call["call_id"])
     latest = next((c for c in reversed(log) if c.run_id == run_id), None)
     tickets = list(
         Ticket.objects.filter(run_id=run_id)

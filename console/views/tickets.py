@@ -7,6 +7,7 @@ people answer one ticket, the second is told who answered it and when (from the 
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from runtime.models import MessageRecord, ThreadCommit, Ticket
 
 KEY_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 INBOX_PAGE = 25
-PAST = {"approve": "approved", "deny": "denied", "input": "answered"}
+PAST = {"approve": "approved", "deny": "denied", "input": "answered", "respond": "responded"}
 CLOSED_FAULTS = (TicketConsumed, RunEnded, NotAwaiting, TicketMismatch)
 
 
@@ -81,19 +82,20 @@ def attach_notes(tickets: list[Ticket]) -> list[Ticket]:
     """
     closed = [t for t in tickets if t.closed_seq is not None]
     for t in tickets:
-        t.note = ""
+        t.note, t.edited_arguments = "", None
     if not closed:
         return tickets
     where = Q()
     for t in closed:
         where |= Q(thread_id=t.run.thread_id, seq=t.closed_seq)
-    reasons: dict[str, str] = {}
+    resumed: dict[str, dict[str, Any]] = {}
     for events in ThreadCommit.objects.filter(where).values_list("events", flat=True):
         for e in events:
-            if e.get("type") == "CallResumed" and e.get("reason"):
-                reasons[e.get("ticket_id", "")] = e["reason"]
+            if e.get("type") == "CallResumed":
+                resumed[e.get("ticket_id", "")] = e
     for t in closed:
-        t.note = reasons.get(t.id, "")
+        event = resumed.get(t.id, {})
+        t.note, t.edited_arguments = event.get("reason") or "", event.get("arguments")
     return tickets
 
 
@@ -279,12 +281,21 @@ def answer(request: HtmxHttpRequest, ticket: Ticket, post: Any) -> tuple[TicketC
         return card, 400
     decision = Decision(raw)
     answer_value: Any = None
+    edited: dict[str, Any] | None = None
     if decision is Decision.INPUT:
         assert card.answer_form is not None
         if not card.answer_form.is_valid():
             card.error = "Check the highlighted fields."
             return card, 422
         answer_value = card.answer_form.answer()
+    try:
+        if decision is Decision.RESPOND:
+            answer_value = supplied_result(post.get("result", ""))
+        if decision is Decision.APPROVE:
+            edited = edited_arguments(post.get("arguments", ""), ticket.call.arguments)
+    except ValueError as exc:
+        card.error = str(exc)
+        return card, 422
     # A deny's reason is shown to the model; an approval's or an answer's note is recorded
     # with the decision (both ride in CallResumed.reason).
     card.deny_form = DenyForm(
@@ -301,6 +312,7 @@ def answer(request: HtmxHttpRequest, ticket: Ticket, post: Any) -> tuple[TicketC
         input=answer_value,
         reason=reason,
         call_id=ticket.call_id,
+        arguments=edited,
     )
     try:
         operations.resume(
@@ -321,10 +333,38 @@ def answer(request: HtmxHttpRequest, ticket: Ticket, post: Any) -> tuple[TicketC
     card.answer_form = None
     when = ticket.closed_at.strftime("%Y-%m-%d %H:%M:%S UTC") if ticket.closed_at else ""
     who = ticket.closed_by or actor(request)
-    card.notice = f"{PAST[decision.value].capitalize()} by {who} at {when}." + (
+    how = " with edited arguments" if edited is not None else ""
+    if decision is Decision.RESPOND:
+        how = " for the tool with a supplied result (the tool does not run)"
+    card.notice = f"{PAST[decision.value].capitalize()}{how} by {who} at {when}." + (
         f" Note: {reason}" if reason else ""
     )
     return card, 200
+
+
+def supplied_result(text: str) -> Any:
+    """The result an approver supplies instead of running the tool: JSON if it parses,
+    else the text itself. Raises ValueError when it is empty."""
+    if not text.strip():
+        raise ValueError("Type the result the model should receive.")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def edited_arguments(text: str, original: Any) -> dict[str, Any] | None:
+    """The operator's edit of the arguments as a JSON object, or None when the field is empty
+    or unchanged. Raises ValueError when it is not a JSON object."""
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"The edited arguments are not valid JSON: {exc.msg}.") from exc
+    if not isinstance(value, dict):
+        raise ValueError("The edited arguments must be a JSON object.")
+    return None if value == original else value
 
 
 BULK_MAX = 100

@@ -262,3 +262,46 @@ def test_search_by_operation_id(viewer, approval_run, new_run):
     operation_id = run.calls[0].operation_id
     html = viewer.get(reverse("console:runs"), {"q": operation_id[:12]}).content.decode()
     assert f'id="run-{run.run_id}"' in html and f'id="run-{other.run_id}"' not in html
+
+
+def test_approve_with_edited_arguments_keeps_the_models_beside_them(approver, approval_run):
+    from runtime.coordinator import read_run
+    from runtime.models import ToolCallRecord
+
+    run, ticket_id = approval_run
+    url = reverse("console:answer", args=[ticket_id])
+    bad = approver.post(url, {"decision": "approve", "arguments": "[1]"}, headers=HX)
+    assert bad.status_code == 422 and "must be a JSON object" in bad.content.decode()
+    response = approver.post(
+        url,
+        {"decision": "approve", "arguments": '{"key": "invoice-43"}', "note": "typo"},
+        headers=HX,
+    )
+    assert response.status_code == 200, response.content
+    assert "Approved with edited arguments by abe" in response.content.decode()
+    (call,) = read_run(run.run_id).batches[-1].calls
+    assert call.approved and call.arguments == {"key": "invoice-43"}  # what the worker runs
+    record = ToolCallRecord.objects.get(id=call.call_id)
+    assert record.arguments == {"key": "invoice-42"}  # the model's, on record
+    html = approver.get(reverse("console:run", args=[run.run_id])).content.decode()
+    assert "Arguments edited by <b>abe</b>" in html and "invoice-43" in html
+    assert "invoice-42" in html
+
+
+def test_respond_completes_the_call_with_a_supplied_result(approver, approval_run):
+    from runtime.models import ToolCallRecord
+
+    run, ticket_id = approval_run
+    url = reverse("console:answer", args=[ticket_id])
+    empty = approver.post(url, {"decision": "respond", "result": " "}, headers=HX)
+    assert empty.status_code == 422
+    response = approver.post(
+        url, {"decision": "respond", "result": '{"recorded": "by hand"}'}, headers=HX
+    )
+    assert response.status_code == 200, response.content
+    assert "Responded for the tool with a supplied result" in response.content.decode()
+    record = ToolCallRecord.objects.get(ticket_id=ticket_id)
+    assert record.phase == "completed" and not record.is_error and record.attempt == 0
+    assert json.loads(record.result) == {"recorded": "by hand"}
+    audit = approver.get(reverse("console:audit"), {"decision": "respond"}).content.decode()
+    assert "ledger_approval" in audit
