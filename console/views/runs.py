@@ -180,6 +180,15 @@ LOG_SHOWN = 200  # commits listed on a run page; older ones are paged (or read f
 MESSAGES_SHOWN = 6  # the latest messages shown open; earlier ones fold away
 
 
+def _operator_act(event: dict[str, Any]) -> bool:
+    """An answer that changed what the call does: edited arguments, or a supplied result."""
+    if event.get("type") != "CallResumed":
+        return False
+    return event.get("decision") == "respond" or (
+        event.get("decision") == "approve" and event.get("arguments") is not None
+    )
+
+
 def _log_page(
     log: list[ThreadCommit], kind: str, before: int | None
 ) -> tuple[list[ThreadCommit], int | None]:
@@ -216,9 +225,8 @@ def run_context(
     acts: dict[str, dict[str, Any]] = {}  # operator acts on a call: edited args, a result
     for c in log:
         for e in c.events:
-            if e.get("type") == "CallResumed" and e.get("decision") in ("approve", "respond"):
-                if e.get("arguments") is not None or e["decision"] == "respond":
-                    acts[e["call_id"]] = {**e, "actor": c.actor, "seq": c.seq}
+            if _operator_act(e):
+                acts[e["call_id"]] = {**e, "actor": c.actor, "seq": c.seq}
             if e.get("type") == "CallExecuting":
                 attempts.setdefault(e["call_id"], []).append(
                     {
