@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.db.models import Count, Q
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
+from django.urls import reverse
 
 from console.forms import SCRIPT_EXAMPLES, CancelForm, RunFilterForm, StartRunForm
 from console.models import OPERATE, READ
@@ -380,3 +382,67 @@ def start_run(request: HtmxHttpRequest) -> HttpResponse:
 
 def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2)
+
+
+BULK_CANCEL_MAX = 500  # runs cancelled by one confirmation; the rest need another
+
+
+@needs(OPERATE, write=True)
+def bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
+    """Cancel every run that matches the runs list's filters and has not ended.
+
+    The first POST writes nothing and asks to confirm, naming the count; the confirming POST
+    carries that count back (``expected``) and is refused if the match changed meanwhile, so
+    an operator never cancels runs they were not told about.
+    """
+    form = RunFilterForm(request.POST)
+    form.is_valid()
+    data = {k: v for k, v in form.cleaned_data.items() if k not in ("after", "top")}
+    rows = _filtered(data).exclude(state="ended")
+    count = rows.count()
+    query = {k: v for k, v in request.POST.items() if k in RunFilterForm.base_fields and v}
+    context = {"count": count, "filters": query, "cap": BULK_CANCEL_MAX, "changed": False}
+    expected = request.POST.get("expected", "")
+    if request.POST.get("confirm") != "yes" or expected != str(count):
+        context["changed"] = request.POST.get("confirm") == "yes"
+        context["reason"] = request.POST.get("reason", "")
+        return render_page(request, "console/bulk_cancel.html", context)
+    reason = request.POST.get("reason", "")[:500]
+    cancelled = 0
+    for run_id in rows.order_by("created_at").values_list("id", flat=True)[:BULK_CANCEL_MAX]:
+        operations.cancel(run_id, actor=actor(request), reason=reason)
+        cancelled += 1
+    messages.success(request, f"Cancelled {cancelled} run{'s' if cancelled != 1 else ''}.")
+    return redirect(f"{reverse('console:runs')}?{urlencode(query)}")
+
+
+@needs(OPERATE, write=True)
+def run_again(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Start a new run on the ended run's thread, with the same agent, input and metadata."""
+    run = Run.objects.filter(id=run_id).first()
+    if run is None:
+        raise Http404(f"run {run_id} does not exist")
+    inputs = [
+        {"role": role, "content": content}
+        for role, content in MessageRecord.objects.filter(
+            run_id=run_id, role__in=("user", "system")
+        )
+        .order_by("seq", "idx")
+        .values_list("role", "content")
+    ]
+    if run.state != "ended":
+        messages.error(request, "Only an ended run can run again.")
+        return redirect("console:run", run_id=run_id)
+    try:
+        new_id = operations.start_run(
+            agent=run.agent,
+            input=inputs,
+            metadata=run.metadata,
+            thread_id=run.thread_id,
+            actor=actor(request),
+        )
+    except RuntimeFault as exc:
+        messages.error(request, f"Not started: {exc.message}")
+        return redirect("console:run", run_id=run_id)
+    messages.success(request, f"Started again as run {new_id[:8]} on the same thread.")
+    return redirect("console:run", run_id=new_id)

@@ -305,3 +305,39 @@ def test_respond_completes_the_call_with_a_supplied_result(approver, approval_ru
     assert json.loads(record.result) == {"recorded": "by hand"}
     audit = approver.get(reverse("console:audit"), {"decision": "respond"}).content.decode()
     assert "ledger_approval" in audit
+
+
+def test_bulk_cancel_by_filter_names_the_count_first(operator, new_run, approval_run):
+    from runtime.models import Run
+
+    running = [new_run(input=f"job {i}") for i in range(2)]
+    url = reverse("console:bulk_cancel")
+    ask = operator.post(url, {"state": "running"})
+    assert 'data-testid="cancel-question"><b>Cancel 2 runs' in ask.content.decode()
+    assert Run.objects.filter(state="ended").count() == 0  # nothing written yet
+    new_run(input="a third one")  # the match changes: the old count is refused
+    stale = operator.post(url, {"state": "running", "confirm": "yes", "expected": "2"})
+    assert "changed since you were asked" in stale.content.decode()
+    assert Run.objects.filter(state="ended").count() == 0
+    done = operator.post(url, {"state": "running", "confirm": "yes", "expected": "3"})
+    assert done.status_code == 302
+    assert set(Run.objects.filter(state="ended").values_list("id", flat=True)) >= {
+        r.run_id for r in running
+    }
+    assert Run.objects.get(id=approval_run[0].run_id).state == "awaiting"  # not matched
+
+
+def test_run_again_starts_a_new_run_on_the_thread(operator, new_run):
+    from runtime.models import MessageRecord, Run
+
+    run = new_run(input="Summarise the ledger.")
+    run.text_step("Done.", end=True)
+    response = operator.post(reverse("console:run_again", args=[run.run_id]))
+    assert response.status_code == 302
+    new = Run.objects.exclude(id=run.run_id).get()
+    assert new.thread_id == run.view.thread_id and new.agent == "demo"
+    assert MessageRecord.objects.get(run_id=new.id, role="user").content == (
+        "Summarise the ledger."
+    )
+    again = operator.post(reverse("console:run_again", args=[new.id]))  # not ended: refused
+    assert again.status_code == 302 and Run.objects.count() == 2
