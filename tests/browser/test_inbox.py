@@ -3,6 +3,8 @@ place, the keyboard approves, notes are kept, bulk answers are confirmed once (i
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -129,3 +131,23 @@ def operations_open_count() -> int:
     from runtime.models import Ticket
 
     return Ticket.objects.filter(state="open").count()
+
+
+def test_times_show_the_browsers_zone_and_relative_on_request(stack, page, browser, sign_in):
+    run_id, _ = off_loop(approval_ticket, "payment-6")
+    context = browser.new_context(timezone_id="Asia/Tokyo", viewport={"width": 1280, "height": 900})
+    page = context.new_page()  # the fixture page (UTC) is left unused
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        sign_in(page)
+        page.goto(f"{stack.base_url}/runs/{run_id}/")
+        started = page.locator(".facts time[data-local]").first
+        expect(started).to_contain_text("GMT+9")  # the browser's zone, named
+        expect(page.locator("table.log time").first).to_contain_text("GMT+9")  # dated rows
+        page.locator("[data-time-toggle]").click()
+        expect(started).to_contain_text("ago")
+        expect(started).to_have_attribute("title", re.compile(r"GMT\+9 · .* UTC$"))
+    finally:
+        context.close()
+    assert not errors, errors
