@@ -8,10 +8,11 @@ run may start with it as its input.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
 
@@ -43,6 +44,9 @@ def mark_corrections(records: list[ReconciliationRecord]) -> list[Reconciliation
         )
         last[r.call_id] = r
     return records
+
+
+PAGE = 20  # cards per page: each card reads its call's attempts from the log
 
 
 @dataclass
@@ -89,11 +93,29 @@ def reconciliation(request: HtmxHttpRequest) -> HttpResponse:
     context: dict[str, Any] = {"show": show, **reconcile_counts()}
     if request.GET.get("part") == "counters":
         return render_page(request, "console/reconcile.html", context, partial="counters")
-    calls = _calls().order_by("-updated_at")
+    calls = _calls().order_by("-updated_at", "-id")
     if show == "open":
         calls = calls.filter(reconciliations__isnull=True)
-    context["cards"] = [_card(c) for c in calls]
+    after = _parse_cursor(request.GET.get("after", ""))
+    if after:
+        calls = calls.filter(Q(updated_at__lt=after[0]) | Q(updated_at=after[0], id__lt=after[1]))
+    page = list(calls[: PAGE + 1])
+    if len(page) > PAGE:
+        page = page[:PAGE]
+        params = request.GET.copy()
+        params["after"] = f"{page[-1].updated_at.isoformat()}~{page[-1].id}"
+        context["next_query"] = params.urlencode()
+    context["paged"] = after is not None
+    context["cards"] = [_card(c) for c in page]
     return render_page(request, "console/reconcile.html", context, partial="calls")
+
+
+def _parse_cursor(raw: str) -> tuple[datetime, str] | None:
+    stamp, _, call_id = raw.partition("~")
+    try:
+        return datetime.fromisoformat(stamp), call_id
+    except ValueError:
+        return None
 
 
 def reconcile_counts() -> dict[str, int]:
