@@ -114,9 +114,14 @@ class ScriptedProvider:
 
     def _stream(self, step: TextStep | ToolCallsStep, ctx: InferenceContext) -> InferenceResult:
         pause = step.delay_ms / 1000
+        said = ""
         for piece in _split(step.text, step.chunks):
             ctx.on_delta(Delta(kind="text", text=piece))
+            said += piece
             if pause:
+                # A slow stream checkpoints its text like a network provider, so a viewer who
+                # joins late is shown the opening words (console.consumers, "hello").
+                ctx.checkpoint(said, [])
                 time.sleep(pause)
         calls = []
         for index, call in enumerate(getattr(step, "tool_calls", [])):

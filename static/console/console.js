@@ -405,7 +405,8 @@
       // The stream so far (the worker's checkpoint), so a late viewer sees the opening words.
       if (m.stream && m.stream.text !== undefined && m.version === live.seq) {
         live.step = m.stream.step; live.attempt = m.stream.attempt; live.claim = null;
-        clear("Step " + live.step + ", attempt " + live.attempt + " (unconfirmed)");
+        clear("Step " + live.step + ", attempt " + live.attempt + " (unconfirmed; the start is " +
+              "from the worker's last checkpoint, words since then may be missing)");
         live.text = m.stream.text;
         arm();
         render();

@@ -263,3 +263,19 @@ async def test_a_commit_the_layer_never_carried_still_reaches_viewers(users, app
         commit_announced.connect(forward_commits, weak=False, dispatch_uid="runtime.live.forward")
     await comm.disconnect()
     await runs.disconnect()
+
+
+async def test_hello_carries_the_in_flight_steps_text_so_far(users, new_run):
+    # A viewer who opens the page after the stream began still sees its opening words: the
+    # worker's checkpoint of the step being inferred rides in the hello (unconfirmed).
+    from runtime.models import StreamCheckpoint
+
+    run = await sync_to_async(new_run)()
+    await sync_to_async(StreamCheckpoint.objects.create)(
+        run_id=run.run_id, step=1, attempt=1, text="The opening words"
+    )
+    comm = communicator(f"/ws/runs/{run.run_id}/", users["viewer"])
+    assert (await comm.connect())[0]
+    hello = await comm.receive_json_from()
+    assert hello["stream"] == {"step": 1, "attempt": 1, "text": "The opening words"}
+    await comm.disconnect()
