@@ -56,8 +56,9 @@ def test_approval_flow_live_then_committed(stack, page, browser, sign_in):
     page.evaluate("window.__notReloaded = true")
 
     live = page.locator("#live-text")
-    # The page may subscribe after the first deltas went out (live output is best-effort),
-    # so look for text from the middle of the stream.
+    # The page subscribes after the first deltas went out: the worker's checkpoint in the
+    # hello still shows the opening words (issue 11, defect 10).
+    expect(live).to_contain_text("Let me", timeout=15_000)
     expect(live).to_contain_text("record that", timeout=15_000)
     expect(page.locator("#live .badge.unconfirmed")).to_have_text("live, unconfirmed")
     # while streaming, the text is not a committed message yet
@@ -73,7 +74,7 @@ def test_approval_flow_live_then_committed(stack, page, browser, sign_in):
     inbox.goto(stack.base_url + "/inbox/")
     card = inbox.locator(".ticket-card", has_text="ledger_approval")
     expect(card).to_contain_text("invoice-42")
-    card.locator("button:has-text('Approve')").click()
+    card.get_by_role("button", name="Approve", exact=True).click()
     # the card stays where it was, showing its outcome; "recently closed" follows the log
     expect(card.locator("[data-outcome]")).to_contain_text("Approved by olga")
     expect(inbox.locator("#recent")).to_contain_text("ledger_approval")

@@ -41,7 +41,7 @@ def test_an_answered_card_stays_under_the_pointer_and_takes_the_focus(stack, pag
     page.goto(stack.base_url + "/inbox/")
     card = page.locator(f"#ticket-{first[1]}")
     expect(card).to_contain_text("Record payment-1.")  # the run's input, first line
-    box = card.locator("button[value=approve]").bounding_box()
+    box = card.locator("form.inline button[value=approve]").bounding_box()
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     page.mouse.click(x, y)
 
@@ -64,7 +64,7 @@ def test_a_refused_answer_says_who_answered_in_place(stack, page, sign_in):
     page.goto(stack.base_url + "/inbox/")
     other = page.context.new_page()
     other.goto(stack.base_url + "/inbox/")
-    other.locator(f"#ticket-{ticket_id} button[value=approve]").click()
+    other.locator(f"#ticket-{ticket_id} form.inline button[value=approve]").click()
     expect(other.locator(f"#ticket-{ticket_id} [data-outcome]")).to_contain_text("Approved")
     other.close()
 
@@ -95,8 +95,8 @@ def test_an_approval_note_is_kept_and_shown(stack, page, sign_in):
     sign_in(page)
     page.goto(stack.base_url + "/inbox/")
     card = page.locator(f"#ticket-{ticket_id}")
-    card.locator("input[name=note]").fill("checked with finance, ref 77")
-    card.locator("button[value=approve]").click()
+    card.locator("form.inline input[name=note]").fill("checked with finance, ref 77")
+    card.locator("form.inline button[value=approve]").click()
     expect(card.locator("[data-outcome]")).to_contain_text("Note: checked with finance, ref 77")
     expect(page.locator("#recent")).to_contain_text("checked with finance, ref 77")
     page.goto(f"{stack.base_url}/tickets/{ticket_id}/")
