@@ -395,13 +395,11 @@
       refresh(committed());
     }
     function hello(m) {
+      // Committed state first: a page that missed commits while away refreshes now, and
+      // the text streamed before those commits is stale.
       var c = committed();
-      live.seq = Number(c ? c.dataset.version : 0);
-      if (c && String(m.version) !== c.dataset.version) {
-        live.seq = m.version;
-        clear("");
-        refresh(c);
-      }
+      if (m.version > live.seq) { live.seq = m.version; clear(""); }
+      if (c && String(m.version) !== c.dataset.version) refresh(c);
       // The stream so far (the worker's checkpoint), so a late viewer sees the opening words.
       if (m.stream && m.stream.text !== undefined && m.version === live.seq) {
         live.step = m.stream.step; live.attempt = m.stream.attempt; live.claim = null;
@@ -415,10 +413,15 @@
     document.addEventListener("htmx:afterSettle", function (e) {
       var c = committed();
       if (c && e.detail.elt === c) {
-        live.seq = Math.max(live.seq, Number(c.dataset.version));
+        var version = Number(c.dataset.version);
+        if (version > live.seq) {  // a poll found a commit the socket never announced
+          live.seq = version;
+          clear("Commit #" + version + " landed; committed state refreshed.");
+        }
         if (ended()) onEnded();
       }
     });
+    live.seq = Number(committed() ? committed().dataset.version : 0);
     if (ended()) { onEnded(); return; }
     conn = socket(panel.dataset.wsPath, {
       onOpen: function () { status("live", "Live: connected.", panel); },
