@@ -62,6 +62,18 @@ DEFAULT_REDIS = "redis://127.0.0.1:6379/5"
 RUNS = 100_000
 COMMITS = 1_000_000
 HEAVY = {i: 200 for i in range(500, RUNS + 1, 1000)} | {i: 1000 for i in range(7000, RUNS, 20000)}
+
+
+def scale(runs: int) -> None:
+    """Seed ``runs`` runs instead (10 commits each on average; ``--runs``, e.g. 5,000 for
+    the console's triage target of issue 11: about 7 % of them await a ticket)."""
+    global RUNS, COMMITS, HEAVY
+    RUNS, COMMITS = runs, runs * 10
+    HEAVY = {i: 200 for i in range(500, RUNS + 1, 1000)} | {
+        i: 1000 for i in range(7000, RUNS, 20000)
+    }
+
+
 SEED = 20261130
 USERNAME, PASSWORD = "bench-operator", "bench-operator-password"
 TARGET_PAGE_MS, TARGET_LIVE_MS = 100.0, 50.0
@@ -629,7 +641,7 @@ def pick_targets() -> tuple[dict[str, str], dict[str, str]]:
     from django.db.models import F
     from django.test import Client
 
-    from runtime.models import Run
+    from runtime.models import Run, ToolCallRecord
 
     def run_with(**filters) -> Run:
         run = Run.objects.filter(**filters).order_by("-created_at").first()
@@ -658,6 +670,25 @@ def pick_targets() -> tuple[dict[str, str], dict[str, str]]:
     after = re.search(r'href="\?(after=[^"]+)"', html)
     if after:
         runs_pages["runs: page 2 (cursor)"] = "/?" + after.group(1).replace("&amp;", "&")
+    runs_pages["runs: needs reconciliation"] = "/?unreconciled=on"
+    runs_pages["runs: search by operation id"] = (
+        "/?q="
+        + (
+            ToolCallRecord.objects.order_by("-updated_at").values_list("operation_id", flat=True)[
+                0
+            ][:12]
+        )
+    )
+    runs_pages["inbox: first page"] = "/inbox/"
+    inbox = client.get("/inbox/").content.decode()
+    newer = re.search(r'href="\?([^"]*after=[^"]+)"', inbox)
+    if newer:
+        runs_pages["inbox: page 2 (cursor)"] = "/inbox/?" + newer.group(1).replace("&amp;", "&")
+    runs_pages["inbox: kind=input"] = "/inbox/?kind=input"
+    runs_pages["inbox: counter bar (live refresh)"] = "/inbox/?part=bar"
+    runs_pages["audit: every decision"] = "/audit/"
+    runs_pages["audit: decision=approve"] = "/audit/?decision=approve"
+    runs_pages["reconcile: to check"] = "/reconcile/"
     run_pages = {
         f"run: typical ({typical.version} commits)": f"/runs/{typical.id}/",
         f"run: many commits ({heavy.version})": f"/runs/{heavy.id}/",
@@ -904,7 +935,9 @@ def main() -> int:
         help="print EXPLAIN ANALYZE of the slowest query of each page",
     )
     parser.add_argument("--publish", metavar="RUN_ID", help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int, default=RUNS, help="runs to seed (commits: 10 per run)")
     args = parser.parse_args()
+    scale(args.runs)
 
     os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
     os.environ["DATABASE_URL"] = args.database_url

@@ -10,6 +10,8 @@ Commit notices reach a consumer through the channel layer when the writer shares
 in-process worker, or any worker with ``REDIS_URL``). A worker in another process on the
 in-memory layer cannot reach it, so each consumer also looks at the log every
 ``WATCH_SECONDS`` and sends a commit notice when it moved: the page is never left stale.
+Such a notice carries the run's committed ``seq`` and ``state`` like a real one, so a page
+that already saw that commit ignores it (a notice without them once reset the live panel).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.models import READ
 from runtime.live import ALL_RUNS_GROUP, bind_to_running_loop, run_group
-from runtime.models import Run, ThreadCommit
+from runtime.models import Run, StreamCheckpoint, ThreadCommit
 
 # Close codes (4000-4999 are the application's): sent when the handshake is refused after
 # the socket was accepted; before acceptance a refusal is an HTTP 403 on the upgrade.
@@ -44,6 +46,16 @@ def _committed(run_id: str) -> dict[str, Any] | None:
 
 
 @database_sync_to_async
+def _stream_so_far(run_id: str, step: int) -> dict[str, Any] | None:
+    """The in-flight step's checkpointed text (unconfirmed), so a late viewer sees its start."""
+    return (
+        StreamCheckpoint.objects.filter(run_id=run_id, step__gt=step)
+        .values("step", "attempt", "text")
+        .first()
+    )
+
+
+@database_sync_to_async
 def _latest_commit_id() -> int | None:
     return ThreadCommit.objects.order_by("-id").values_list("id", flat=True).first()
 
@@ -52,21 +64,21 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
     group: str = ""
     watcher: asyncio.Task[None] | None = None
 
-    async def mark(self) -> Any:
-        """What changes when this consumer's view of the log changes."""
+    async def mark(self) -> dict[str, Any] | None:
+        """The notice to send when the log moved: ``{"seq", "state"}`` (None: nothing)."""
         raise NotImplementedError
 
     def watch(self, seen: Any) -> None:
-        """Look at the log every WATCH_SECONDS; ``seen`` is the mark the client was sent."""
+        """Look at the log every WATCH_SECONDS; ``seen`` is the seq the client was sent."""
 
         async def loop() -> None:
             nonlocal seen
             while True:
                 await asyncio.sleep(WATCH_SECONDS)
                 now = await self.mark()
-                if now != seen:
-                    seen = now
-                    await self.run_commit({"run_id": getattr(self, "run_id", None)})
+                if now is not None and now["seq"] != seen:
+                    seen = now["seq"]
+                    await self.run_commit({"run_id": getattr(self, "run_id", None), **now})
 
         self.watcher = asyncio.create_task(loop())
 
@@ -111,12 +123,15 @@ class RunConsumer(_LiveConsumer):
         if committed is None:
             await self.close(code=NOT_FOUND)
             return
-        await self.send_json({"event": "hello", "run_id": run_id, **committed})
+        stream = None
+        if committed["state"] == "running":
+            stream = await _stream_so_far(run_id, committed["step"])
+        await self.send_json({"event": "hello", "run_id": run_id, "stream": stream, **committed})
         self.watch(committed["version"])
 
-    async def mark(self) -> Any:
+    async def mark(self) -> dict[str, Any] | None:
         committed = await _committed(self.run_id)
-        return committed and committed["version"]
+        return committed and {"seq": committed["version"], "state": committed["state"]}
 
     async def run_delta(self, message: dict[str, Any]) -> None:
         await self.send_json(
@@ -124,6 +139,7 @@ class RunConsumer(_LiveConsumer):
                 "event": "delta",
                 "step": message.get("step"),
                 "attempt": message.get("attempt"),
+                "claim": message.get("claim"),
                 "kind": message.get("kind"),
                 "text": message.get("text", ""),
                 "index": message.get("index", 0),
@@ -146,5 +162,6 @@ class RunsConsumer(_LiveConsumer):
         await self.send_json({"event": "hello"})
         self.watch(latest)
 
-    async def mark(self) -> Any:
-        return await _latest_commit_id()
+    async def mark(self) -> dict[str, Any] | None:
+        latest = await _latest_commit_id()
+        return None if latest is None else {"seq": latest, "state": None}

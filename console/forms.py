@@ -97,7 +97,33 @@ class RunFilterForm(forms.Form):
         ],
     )
     agent = forms.CharField(required=False, max_length=100)
-    q = forms.CharField(required=False, max_length=64, label="Run or thread id")
+    q = forms.CharField(required=False, max_length=100, label="Run, thread or operation id")
+    unreconciled = forms.BooleanField(required=False, label="Needs reconciliation")
+    after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
+    top = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
+
+
+class InboxFilterForm(forms.Form):
+    """Filters of the inbox; every field is optional and unknown values are ignored."""
+
+    kind = forms.ChoiceField(
+        required=False,
+        choices=[("", "any kind")] + [(k, k) for k in ("approval", "input", "delegation", "timer")],
+    )
+    tool = forms.CharField(required=False, max_length=200)
+    agent = forms.CharField(required=False, max_length=100)
+    older_than = forms.TypedChoiceField(
+        required=False,
+        label="Age",
+        coerce=int,
+        empty_value=None,
+        choices=[
+            ("", "any age"),
+            ("5", "older than 5 min"),
+            ("60", "older than 1 h"),
+            ("1440", "older than 1 day"),
+        ],
+    )
     after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
 
 
@@ -159,6 +185,11 @@ class ReconcileForm(forms.Form):
         max_length=5000,
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="What the downstream system says (a reference, a query result).",
+    )
+    correction = forms.BooleanField(
+        required=False,
+        label="This corrects the earlier record",
+        help_text="Needed when the outcome contradicts one already recorded.",
     )
     follow_up_agent = forms.ChoiceField(
         required=False,
@@ -241,8 +272,9 @@ def schema_field(name: str, schema: Any, *, required: bool) -> forms.Field:
     kind = schema.get("type")
     if "enum" in schema and isinstance(schema["enum"], list) and schema["enum"]:
         choices = [(json.dumps(v), str(v) if not isinstance(v, str) else v) for v in schema["enum"]]
-        if not required:
-            choices = [("", "—"), *choices]
+        # An empty first choice even when required: an untouched form must not send the
+        # first value as if someone had chosen it (issue 11, defect 6).
+        choices = [("", "— choose —" if required else "—"), *choices]
         return forms.TypedChoiceField(
             choices=choices, coerce=json.loads, empty_value=None, **common
         )
@@ -300,7 +332,9 @@ class SchemaForm(forms.Form):
 
     VALUE = "value"
 
-    def __init__(self, schema: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, schema: Any, *args: Any, order: list[str] | None = None, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("prefix", "answer")
         super().__init__(*args, **kwargs)
         self.schema = schema if isinstance(schema, dict) else {}
@@ -310,7 +344,11 @@ class SchemaForm(forms.Form):
         )
         if self.is_object:
             required = set(self.schema.get("required") or ())
-            for name, sub in properties.items():
+            names = (
+                sorted(properties, key=lambda n: (order or []).index(n)) if order else properties
+            )
+            for name in names:
+                sub = properties[name]
                 self.fields[name] = schema_field(name, sub, required=name in required)
         else:
             self.fields[self.VALUE] = schema_field("answer", self.schema, required=True)
@@ -325,3 +363,32 @@ class SchemaForm(forms.Form):
             for name, value in data.items()
             if not (value is None or (value == "" and not self.fields[name].required))
         }
+
+
+def _find_properties(value: Any, names: set[str]) -> list[str] | None:
+    if isinstance(value, dict):
+        properties = value.get("properties")
+        if isinstance(properties, dict) and set(properties) == names:
+            return list(properties)
+        found = (_find_properties(v, names) for v in value.values())
+        return next((f for f in found if f is not None), None)
+    if isinstance(value, list):
+        return next((f for f in (_find_properties(v, names) for v in value) if f), None)
+    return None
+
+
+def schema_order(schema: Any, raw_arguments: str) -> list[str] | None:
+    """The schema's property names in the order the model wrote them, or None if unknown.
+
+    ``raw_arguments`` is the call's argument text as the model sent it; a JSON object whose
+    ``properties`` has exactly the schema's names gives the order (JSON parsing keeps key
+    order, while PostgreSQL's jsonb does not).
+    """
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict) or not raw_arguments:
+        return None
+    try:
+        parsed = json.loads(raw_arguments)
+    except (json.JSONDecodeError, ValueError):
+        return None
+    return _find_properties(parsed, set(properties))

@@ -84,11 +84,25 @@ bind_to_running_loop = _publisher.bind
 _send = _publisher.send
 
 
-def publish_delta(run_id: str, *, step: int, attempt: int, delta: dict[str, Any]) -> None:
-    """Send one unconfirmed Delta: {"kind", "text", "index", "name", "call_id"}."""
+def publish_delta(
+    run_id: str, *, step: int, attempt: int, delta: dict[str, Any], claim: int | None = None
+) -> None:
+    """Send one unconfirmed Delta: {"kind", "text", "index", "name", "call_id"}.
+
+    ``step`` and ``attempt`` say which inference it belongs to; ``claim`` is the lease epoch
+    of the worker streaming it, so a viewer starts afresh when another worker takes the
+    same step over (its text never continues the dead worker's).
+    """
     _send(
         run_group(run_id),
-        {"type": "run.delta", "run_id": run_id, "step": step, "attempt": attempt, **delta},
+        {
+            "type": "run.delta",
+            "run_id": run_id,
+            "step": step,
+            "attempt": attempt,
+            "claim": claim,
+            **delta,
+        },
     )
 
 

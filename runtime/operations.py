@@ -43,6 +43,7 @@ from runtime.errors import (
 )
 from runtime.models import CommandRecord, Thread, ToolCallRecord, new_id
 from runtime.providers.scripted import parse_script
+from runtime.tools import ToolArgumentsError
 from runtime.untrusted import UntrustedJSONError, answer_problem, check_depth
 
 CONFLICT_RETRIES = 5  # a command re-reads and re-decides when a worker commits first
@@ -207,11 +208,14 @@ def resume(
         "decision": command.decision.value,
         "input": command.input,
         "reason": command.reason,
+        "arguments": command.arguments,
     }
 
     def build(run: RunView) -> CommitDraft:
         check_resume(run, command)
         assert run.ticket is not None
+        if command.arguments is not None:
+            _check_edited_arguments(run, run.ticket.call_id, command.arguments)
         if command.decision is Decision.INPUT and run.ticket.schema is not None:
             problem = answer_problem(command.input, run.ticket.schema)
             if problem is not None:
@@ -225,6 +229,7 @@ def resume(
             decision=command.decision,
             input=command.input,
             reason=command.reason,
+            arguments=command.arguments,
         )
         return CommitDraft(
             thread_id=run.thread_id,
@@ -240,6 +245,19 @@ def resume(
         return run_document(run_id)
 
     return _answered(run_id, idempotency_key, payload, act)
+
+
+def _check_edited_arguments(run: RunView, call_id: str, arguments: dict[str, Any]) -> None:
+    """Refuse edited arguments the tool would refuse (InvalidInput, 422): the worker runs the
+    tool with exactly these, so a bad edit is caught before anything is committed."""
+    call = next(c for b in run.batches for c in b.calls if c.call_id == call_id)
+    tool = get_agent(run.agent).tool(call.name)
+    if tool is None:
+        return  # an unknown tool is refused by the worker, whatever the arguments
+    try:
+        tool.parse(json.dumps(arguments))
+    except ToolArgumentsError as exc:
+        raise InvalidInput(f"the edited arguments do not fit {call.name}: {exc}") from exc
 
 
 def end_run(

@@ -155,6 +155,8 @@ def list_commits(
 def _command(payload: ResumeIn) -> ResumeCommand:
     if payload.decision in ("approve", "deny"):
         decision, value = Decision(payload.decision), None
+    elif payload.decision == "respond":
+        decision, value = Decision.RESPOND, payload.result
     else:
         decision = Decision.INPUT
         value = payload.input if "input" in payload.model_fields_set else payload.result
@@ -165,6 +167,7 @@ def _command(payload: ResumeIn) -> ResumeCommand:
         input=value,
         reason=payload.note,
         call_id=payload.call_id,
+        arguments=payload.arguments,
     )
 
 

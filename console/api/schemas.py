@@ -122,26 +122,38 @@ class RunIn(Schema):
 
 
 class ResumeIn(Schema):
-    """Answer the open ticket: ``decision`` (approve / deny), or ``input``, or ``result``.
+    """Answer the open ticket: ``decision`` (approve / deny / respond), or ``input``, or
+    ``result``.
 
     ``input`` answers an input ticket (it must match the ticket's schema); ``result``
-    completes a delegation or timer ticket. ``note`` is recorded as the reason.
+    completes a delegation or timer ticket, or, with ``decision: respond``, an approval
+    ticket: the call completes with that supplied result and the tool never runs.
+    ``arguments`` (approve only) replaces the model's arguments with an operator's edit; the
+    model's stay on record. ``note`` is recorded as the reason.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     ticket_id: Id
     kind: TicketKindName
-    decision: Literal["approve", "deny", "input"] | None = None
+    decision: Literal["approve", "deny", "input", "respond"] | None = None
     input: JsonValue = None
     result: JsonValue = None
+    arguments: dict[str, JsonValue] | None = Field(
+        None, description="approve only: the operator's edited arguments (a JSON object)"
+    )
     note: Note = ""
     call_id: Id | None = Field(None, description="optional: the call the ticket belongs to")
 
     @model_validator(mode="after")
     def _one_answer(self) -> ResumeIn:
         given = {"input", "result"} & self.model_fields_set
-        if self.decision in ("approve", "deny"):
+        if "arguments" in self.model_fields_set and self.decision != "approve":
+            raise ValueError("arguments ride only with decision 'approve'")
+        if self.decision == "respond":
+            if given != {"result"}:
+                raise ValueError("decision 'respond' takes the supplied result in 'result'")
+        elif self.decision in ("approve", "deny"):
             if given:
                 raise ValueError(f"decision {self.decision!r} takes no {' or '.join(given)}")
         elif len(given) != 1:

@@ -34,6 +34,11 @@ class CallFilters(Schema):
         description="with phase=indeterminate: also calls sealed before any attempt started "
         "(by default only those whose effect may have started, which need reconciliation)",
     )
+    unreconciled: bool = Field(
+        False,
+        description="only Indeterminate calls whose effect may have started and that no "
+        'reconciliation was recorded for yet (the console\'s "To check" list)',
+    )
     run: Id | None = Field(None, description="a run id")
     cursor: str | None = Field(None, pattern=CURSOR_PATTERN, description="from next_cursor")
     limit: int = Field(50, ge=1, le=200)
@@ -61,7 +66,8 @@ def reconciliation_document(record: ReconciliationRecord, run_id: str) -> dict[s
 )
 def list_tool_calls(request: HttpRequest, filters: Query[CallFilters]) -> dict[str, Any]:
     """Tool calls by phase, each with its run, operation id and recorded reconciliations.
-    ``phase=indeterminate`` lists only calls whose effect may have started unless ``all``."""
+    ``phase=indeterminate`` lists only calls whose effect may have started unless ``all``;
+    ``unreconciled`` keeps only those still without a recorded reconciliation."""
     rows = ToolCallRecord.objects.select_related("run").prefetch_related(
         Prefetch("reconciliations", ReconciliationRecord.objects.order_by("seq"))
     )
@@ -69,6 +75,10 @@ def list_tool_calls(request: HttpRequest, filters: Query[CallFilters]) -> dict[s
         rows = rows.filter(phase=filters.phase)
         if filters.phase == "indeterminate" and not filters.all:
             rows = rows.filter(effect_may_have_started=True)
+    if filters.unreconciled:
+        rows = rows.filter(
+            phase="indeterminate", effect_may_have_started=True, reconciliations__isnull=True
+        )
     if filters.run is not None:
         rows = rows.filter(run_id=filters.run)
     page, next_cursor = keyset_page(

@@ -1,15 +1,18 @@
 """Filters that turn committed JSON into readable, escaped text.
 
 Every filter returns plain strings (never ``mark_safe``), so model output and tool arguments
-stay inert text under autoescaping.
+stay inert text under autoescaping; the one tag that returns markup (``when``) builds it with
+``format_html``, which escapes every value.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from django import template
+from django.utils.html import format_html
 
 register = template.Library()
 
@@ -36,13 +39,15 @@ def label(value: Any) -> str:
     return str(value or "").replace("_", " ")
 
 
-def _call(event: dict[str, Any]) -> str:
-    return str(event.get("call_id", ""))[:8]
-
-
 @register.filter
-def event_summary(event: dict[str, Any]) -> str:
-    """One line for one logged event."""
+def event_summary(event: dict[str, Any], calls: dict[str, str] | None = None) -> str:
+    """One line for one logged event; ``calls`` maps call ids to "#index name" (the batch
+    cards' naming), else calls are named by an id prefix."""
+
+    def _call(event: dict[str, Any]) -> str:
+        call_id = str(event.get("call_id", ""))
+        return (calls or {}).get(call_id) or call_id[:8]
+
     kind = event.get("type", "?")
     match kind:
         case "RunActivated":
@@ -50,7 +55,9 @@ def event_summary(event: dict[str, Any]) -> str:
         case "StepCommitted":
             return f"step {event.get('step')} committed"
         case "BatchOpened":
-            names = ", ".join(c.get("name", "?") for c in event.get("calls", []))
+            names = ", ".join(
+                f"#{c.get('index', '?')} {c.get('name', '?')}" for c in event.get("calls", [])
+            )
             return f"batch of step {event.get('step')} opened: {names}"
         case "CallExecuting":
             worker = event.get("worker") or "?"
@@ -96,3 +103,38 @@ def state_class(run: Any) -> str:
 @register.filter
 def get(mapping: Any, key: Any) -> Any:
     return mapping.get(key) if isinstance(mapping, dict) else None
+
+
+@register.filter
+def past(decision: Any) -> str:
+    """A decision in the past tense: approve -> approved."""
+    return {"approve": "approved", "deny": "denied", "input": "answered"}.get(
+        str(decision), str(decision or "")
+    )
+
+
+@register.filter
+def first_line(text: Any, length: int = 120) -> str:
+    """The first non-empty line of a text, cut to ``length`` characters."""
+    line = next((ln.strip() for ln in str(text or "").splitlines() if ln.strip()), "")
+    return line if len(line) <= int(length) else line[: int(length) - 1] + "…"
+
+
+@register.simple_tag
+def when(moment: datetime | None, style: str = "full") -> str:
+    """A ``<time>`` that always names its zone: UTC from the server, the browser's own zone
+    once console.js localizes it (``data-local``), with the relative time in its title.
+
+    ``style``: "full" (date and time) or "time" (time of day with milliseconds, for logs).
+    """
+    if moment is None:
+        return "—"
+    utc = moment.astimezone(UTC)
+    text = utc.strftime("%Y-%m-%d %H:%M:%S") + " UTC"
+    return format_html(
+        '<time datetime="{}" data-local="{}" title="{}">{}</time>',
+        utc.isoformat(),
+        style,
+        text,
+        text,
+    )

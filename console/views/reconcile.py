@@ -8,10 +8,11 @@ run may start with it as its input.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
 
@@ -22,6 +23,30 @@ from runtime import operations
 from runtime.coordinator import executing_attempts
 from runtime.errors import RunAlreadyActive, RuntimeFault
 from runtime.models import LateEvidence, ReconciliationRecord, ToolCallRecord
+
+
+def mark_corrections(records: list[ReconciliationRecord]) -> list[ReconciliationRecord]:
+    """Set ``corrects`` on each record that contradicts an earlier one of the same call.
+
+    ``records`` are ordered by seq. A record corrects the latest earlier record of its call
+    when that one said "applied" or "not_applied" and this one says something else; "unknown"
+    contradicts nothing (it is what the operator did not know yet).
+    """
+    last: dict[str, ReconciliationRecord] = {}
+    for r in records:
+        before = last.get(r.call_id)
+        r.corrects = (
+            before
+            if before is not None
+            and before.outcome in ("applied", "not_applied")
+            and r.outcome != before.outcome
+            else None
+        )
+        last[r.call_id] = r
+    return records
+
+
+PAGE = 20  # cards per page: each card reads its call's attempts from the log
 
 
 @dataclass
@@ -35,7 +60,7 @@ class CallCard:
 
     @property
     def records(self) -> list[ReconciliationRecord]:
-        return list(self.call.reconciliations.all())
+        return mark_corrections(list(self.call.reconciliations.all()))
 
     @property
     def evidence(self) -> list[LateEvidence]:
@@ -65,17 +90,48 @@ def _card(call: ToolCallRecord, form: ReconcileForm | None = None) -> CallCard:
 def reconciliation(request: HtmxHttpRequest) -> HttpResponse:
     """Indeterminate calls to check downstream: unreconciled first, newest first."""
     show = request.GET.get("show", "open")
-    calls = list(_calls().order_by("-updated_at"))
-    pending = [c for c in calls if not c.reconciliations.all()]
-    done = [c for c in calls if c.reconciliations.all()]
-    shown = pending if show == "open" else calls
-    context = {
-        "cards": [_card(c) for c in shown],
-        "show": show,
-        "pending_count": len(pending),
-        "done_count": len(done),
-    }
+    context: dict[str, Any] = {"show": show, **reconcile_counts()}
+    if request.GET.get("part") == "counters":
+        return render_page(request, "console/reconcile.html", context, partial="counters")
+    calls = _calls().order_by("-updated_at", "-id")
+    if show == "open":
+        calls = calls.filter(reconciliations__isnull=True)
+    after = _parse_cursor(request.GET.get("after", ""))
+    if after:
+        calls = calls.filter(Q(updated_at__lt=after[0]) | Q(updated_at=after[0], id__lt=after[1]))
+    page = list(calls[: PAGE + 1])
+    if len(page) > PAGE:
+        page = page[:PAGE]
+        params = request.GET.copy()
+        params["after"] = f"{page[-1].updated_at.isoformat()}~{page[-1].id}"
+        context["next_query"] = params.urlencode()
+    context["paged"] = after is not None
+    context["cards"] = [_card(c) for c in page]
     return render_page(request, "console/reconcile.html", context, partial="calls")
+
+
+def _parse_cursor(raw: str) -> tuple[datetime, str] | None:
+    stamp, _, call_id = raw.partition("~")
+    try:
+        return datetime.fromisoformat(stamp), call_id
+    except ValueError:
+        return None
+
+
+def reconcile_counts() -> dict[str, int]:
+    """Indeterminate calls whose effect may have started: unreconciled and reconciled."""
+    calls = ToolCallRecord.objects.filter(phase="indeterminate", effect_may_have_started=True)
+    total = calls.count()
+    pending = calls.filter(reconciliations__isnull=True).count()
+    return {"pending_count": pending, "done_count": total - pending}
+
+
+def _contradicted(card: CallCard, data: dict[str, Any]) -> ReconciliationRecord | None:
+    """The earlier record a new outcome contradicts, unless the operator said it corrects it."""
+    decided = [r for r in card.records if r.outcome in ("applied", "not_applied")]
+    if not decided or data.get("correction") or data["outcome"] in ("unknown", decided[-1].outcome):
+        return None
+    return decided[-1]
 
 
 @needs(OPERATE, write=True)
@@ -90,6 +146,13 @@ def reconcile_call(request: HtmxHttpRequest, call_id: str) -> HttpResponse:
     if not form.is_valid():
         card.error = "Check the form."
         status = 400
+    elif (earlier := _contradicted(card, form.cleaned_data)) is not None:
+        card.error = (
+            f"This contradicts commit #{earlier.seq} ({earlier.outcome.replace('_', ' ')} by "
+            f'{earlier.actor or "an unnamed actor"}). Tick "This corrects the earlier '
+            'record" to record it as a correction.'
+        )
+        status = 409
     else:
         data = form.cleaned_data
         try:
@@ -118,9 +181,12 @@ def reconcile_call(request: HtmxHttpRequest, call_id: str) -> HttpResponse:
             card.form = ReconcileForm(prefix=call.id)
         card.call = _calls().get(id=call.id)
     if request.htmx:
-        return render_page(
+        response = render_page(
             request, "console/reconcile.html", {"card": card}, partial="card", status=status
         )
+        if status < 300:
+            response["HX-Trigger"] = "rt:reconciled"  # the tab counters refresh
+        return response
     if status < 300:
         messages.success(request, card.notice)
         return redirect("console:reconcile")

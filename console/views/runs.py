@@ -9,21 +9,31 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.db.models import Count, Q
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
+from django.urls import reverse
 
 from console.forms import SCRIPT_EXAMPLES, CancelForm, RunFilterForm, StartRunForm
 from console.models import OPERATE, READ
 from console.views.common import HtmxHttpRequest, actor, needs, render_page
-from console.views.tickets import build_card
+from console.views.reconcile import mark_corrections
+from console.views.tickets import attach_notes, build_card
 from runtime import operations
 from runtime.agents import registry
 from runtime.documents import RUN_SUMMARY_FIELDS, run_document
 from runtime.errors import NotFound, RuntimeFault
-from runtime.models import ReconciliationRecord, Run, ThreadCommit, Ticket
+from runtime.models import (
+    MessageRecord,
+    ReconciliationRecord,
+    Run,
+    ThreadCommit,
+    Ticket,
+    ToolCallRecord,
+)
 
 PAGE_SIZE = 50
 STATES = ("running", "awaiting", "ended")
@@ -56,15 +66,39 @@ def _counts() -> dict[str, Any]:
         "total": sum(states.values()),
         "states": [(s, states.get(s, 0)) for s in STATES],
         "causes": [(c, causes.get(c, 0)) for c in CAUSES],
+        "unreconciled": unreconciled_calls().values("run_id").distinct().count(),
     }
 
 
-@needs(READ)
-def runs(request: HtmxHttpRequest) -> HttpResponse:
-    """The runs list: counts, filters, search, keyset pages (newest first)."""
-    form = RunFilterForm(request.GET)
-    form.is_valid()
-    data = form.cleaned_data
+def unreconciled_calls():
+    """Indeterminate calls whose effect may have started and that nobody reconciled yet."""
+    return ToolCallRecord.objects.filter(
+        phase="indeterminate", effect_may_have_started=True, reconciliations__isnull=True
+    )
+
+
+def _row_context(page: list[Run]) -> None:
+    """Set ``input_line``, ``waits_for`` and ``needs_reconciliation`` on each run: three
+    queries for the whole page, none per row."""
+    ids = [r.id for r in page]
+    inputs: dict[str, str] = {}
+    users = MessageRecord.objects.filter(run_id__in=ids, role="user").order_by("-seq", "-idx")
+    for run_id, content in users.values_list("run_id", "content"):
+        inputs[run_id] = content  # newest first: the first user message wins
+    waits = {
+        run_id: f"{kind}: #{index} {name}"
+        for run_id, kind, index, name in Ticket.objects.filter(
+            run_id__in=[r.id for r in page if r.state == "awaiting"], state="open"
+        ).values_list("run_id", "kind", "call__index", "call__name")
+    }
+    flagged = set(unreconciled_calls().filter(run_id__in=ids).values_list("run_id", flat=True))
+    for r in page:
+        r.input_line = inputs.get(r.id, "")
+        r.waits_for = waits.get(r.id, "")
+        r.needs_reconciliation = r.id in flagged
+
+
+def _filtered(data: dict[str, Any]):
     rows = Run.objects.all()
     if data.get("state"):
         rows = rows.filter(state=data["state"])
@@ -72,21 +106,58 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
         rows = rows.filter(end_cause=data["cause"])
     if data.get("agent"):
         rows = rows.filter(agent=data["agent"])
+    if data.get("unreconciled"):
+        rows = rows.filter(id__in=unreconciled_calls().values("run_id"))
     if q := (data.get("q") or "").strip():
-        rows = rows.filter(Q(id__startswith=q) | Q(thread__id__startswith=q))
+        by_operation = ToolCallRecord.objects.filter(operation_id__startswith=q)
+        rows = rows.filter(
+            Q(id__startswith=q)
+            | Q(thread__id__startswith=q)
+            | Q(id__in=by_operation.values("run_id"))
+        )
+    return rows
+
+
+def _older_or_same(rows, cursor: tuple[datetime, str], *, inclusive: bool):
+    stamp, run_id = cursor
+    same = Q(created_at=stamp, id__lte=run_id) if inclusive else Q(created_at=stamp, id__lt=run_id)
+    return rows.filter(Q(created_at__lt=stamp) | same)
+
+
+@needs(READ)
+def runs(request: HtmxHttpRequest) -> HttpResponse:
+    """The runs list: counts, filters, search, keyset pages (newest first).
+
+    ``top`` pins the first page to the runs it showed when loaded: a live refresh updates
+    those rows in place and only counts newer runs ("3 new runs: show them"), so rows never
+    move under the pointer while runs are created (issue 11, defect 9).
+    """
+    form = RunFilterForm(request.GET)
+    form.is_valid()
+    data = form.cleaned_data
+    rows = _filtered(data)
     cursor = _parse_cursor(data.get("after") or "")
+    top = _parse_cursor(data.get("top") or "")
+    newer = 0
     if cursor:
-        stamp, run_id = cursor
-        rows = rows.filter(Q(created_at__lt=stamp) | Q(created_at=stamp, id__lt=run_id))
+        rows = _older_or_same(rows, cursor, inclusive=False)
+    elif top:
+        newer = rows.count() - _older_or_same(rows, top, inclusive=True).count()
+        rows = _older_or_same(rows, top, inclusive=True)
     page = list(rows.order_by("-created_at", "-id").only(*RUN_SUMMARY_FIELDS)[: PAGE_SIZE + 1])
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
+    _row_context(page)
     params = request.GET.copy()
     params.pop("after", None)
+    params.pop("top", None)
     next_params = params.copy()
     if more:
         next_params["after"] = _cursor(page[-1])
-    filters = {k: v for k, v in data.items() if k != "after" and v}
+    self_params = request.GET.copy()
+    if not cursor and page and not top:
+        self_params["top"] = _cursor(page[0])
+    filters = {k: v for k, v in data.items() if k not in ("after", "top") and v}
     context = {
         "form": form,
         "runs": page,
@@ -95,9 +166,10 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
         "filters": filters,
         "filtered": bool(filters),
         "paged": cursor is not None,
+        "newer": newer,
         "first_query": params.urlencode(),
         "next_query": next_params.urlencode() if more else None,
-        "self_query": request.GET.urlencode(),
+        "self_query": self_params.urlencode(),
     }
     return render_page(request, "console/runs.html", context, partial="listing")
 
@@ -106,11 +178,37 @@ def _event_run_id(event: dict[str, Any]) -> str | None:
     return event.get("run_id")
 
 
-LOG_SHOWN = 200  # commits listed on a run page; the API pages through the rest
+LOG_SHOWN = 200  # commits listed on a run page; older ones are paged (or read from the API)
+MESSAGES_SHOWN = 6  # the latest messages shown open; earlier ones fold away
 
 
-def run_context(run_id: str) -> dict[str, Any]:
-    """Everything the run page shows, from committed state only."""
+def _operator_act(event: dict[str, Any]) -> bool:
+    """An answer that changed what the call does: edited arguments, or a supplied result."""
+    if event.get("type") != "CallResumed":
+        return False
+    return event.get("decision") == "respond" or (
+        event.get("decision") == "approve" and event.get("arguments") is not None
+    )
+
+
+def _log_page(
+    log: list[ThreadCommit], kind: str, before: int | None
+) -> tuple[list[ThreadCommit], int | None]:
+    """The commits to list: of one event kind if asked, the LOG_SHOWN latest before ``before``
+    (a seq); returns them and the seq to page further back from (None: nothing older)."""
+    if kind:
+        log = [c for c in log if any(e.get("type") == kind for e in c.events)]
+    if before is not None:
+        log = [c for c in log if c.seq < before]
+    shown = log[-LOG_SHOWN:]
+    return shown, (shown[0].seq if len(log) > len(shown) else None)
+
+
+def run_context(
+    run_id: str, *, log_kind: str = "", log_before: int | None = None
+) -> dict[str, Any]:
+    """Everything the run page shows, from committed state only; ``log_kind`` and
+    ``log_before`` pick the commit log's page (an event type, a seq to list back from)."""
     try:
         doc = run_document(run_id)
     except NotFound as exc:
@@ -126,8 +224,11 @@ def run_context(run_id: str) -> dict[str, Any]:
         if c.run_id == run_id or any(_event_run_id(e) == run_id for e in c.events)
     ]
     attempts: dict[str, list[dict[str, Any]]] = {}
+    acts: dict[str, dict[str, Any]] = {}  # operator acts on a call: edited args, a result
     for c in log:
         for e in c.events:
+            if _operator_act(e):
+                acts[e["call_id"]] = {**e, "actor": c.actor, "seq": c.seq}
             if e.get("type") == "CallExecuting":
                 attempts.setdefault(e["call_id"], []).append(
                     {
@@ -140,6 +241,7 @@ def run_context(run_id: str) -> dict[str, Any]:
     for batch in doc["batches"]:
         for call in batch["calls"]:
             call["attempts"] = attempts.get(call["call_id"], [])
+            call["operator_act"] = acts.get(call["call_id"])
     latest = next((c for c in reversed(log) if c.run_id == run_id), None)
     tickets = list(
         Ticket.objects.filter(run_id=run_id)
@@ -148,25 +250,45 @@ def run_context(run_id: str) -> dict[str, Any]:
         .order_by("opened_seq")
     )
     open_ticket = next((t for t in tickets if t.state == "open"), None)
-    reconciliations = list(
-        ReconciliationRecord.objects.filter(call__run_id=run_id)
-        .select_related("call")
-        .order_by("seq")
+    reconciliations = mark_corrections(
+        list(
+            ReconciliationRecord.objects.filter(call__run_id=run_id)
+            .select_related("call")
+            .order_by("seq")
+        )
     )
+    calls = {c["call_id"]: f"#{c['index']} {c['name']}" for b in doc["batches"] for c in b["calls"]}
+    shown, older = _log_page(log, log_kind, log_before)  # the page stays fast however long
+    messages = doc["messages"]
     return {
         "run": doc,
         "created_at": datetime.fromisoformat(doc["created_at"]),
         "latest_commit": latest,
-        "log": log[-LOG_SHOWN:],  # the page stays fast however long the run is
+        "log": shown,
         "log_total": len(log),
-        "tickets": tickets,
+        "log_kinds": sorted({e.get("type", "?") for c in log for e in c.events}),
+        "log_kind": log_kind,
+        "log_paged": bool(log_kind) or log_before is not None,
+        "log_older": older,
+        "earlier_messages": messages[:-MESSAGES_SHOWN],
+        "latest_messages": messages[-MESSAGES_SHOWN:],
+        "tickets": attach_notes(tickets),
         "open_ticket": open_ticket,
+        "calls": calls,
         "reconciliations": reconciliations,
     }
 
 
-def run_page_context(run_id: str, cancel_form: CancelForm | None = None) -> dict[str, Any]:
-    context = run_context(run_id)
+def run_page_context(
+    run_id: str, cancel_form: CancelForm | None = None, query: Any = None
+) -> dict[str, Any]:
+    query = query or {}
+    before = query.get("log_before", "")
+    context = run_context(
+        run_id,
+        log_kind=str(query.get("log_kind", ""))[:40],
+        log_before=int(before) if str(before).isdigit() else None,
+    )
     if context["open_ticket"] is not None:
         context["card"] = build_card(context["open_ticket"])
     context["cancel_form"] = cancel_form or CancelForm()
@@ -176,7 +298,7 @@ def run_page_context(run_id: str, cancel_form: CancelForm | None = None) -> dict
 @needs(READ)
 def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     """The run page: committed state, batch, ticket form, log; htmx asks for ``committed``."""
-    context = run_page_context(run_id)
+    context = run_page_context(run_id, query=request.GET)
     return render_page(request, "console/run.html", context, partial="committed")
 
 
@@ -260,3 +382,67 @@ def start_run(request: HtmxHttpRequest) -> HttpResponse:
 
 def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2)
+
+
+BULK_CANCEL_MAX = 500  # runs cancelled by one confirmation; the rest need another
+
+
+@needs(OPERATE, write=True)
+def bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
+    """Cancel every run that matches the runs list's filters and has not ended.
+
+    The first POST writes nothing and asks to confirm, naming the count; the confirming POST
+    carries that count back (``expected``) and is refused if the match changed meanwhile, so
+    an operator never cancels runs they were not told about.
+    """
+    form = RunFilterForm(request.POST)
+    form.is_valid()
+    data = {k: v for k, v in form.cleaned_data.items() if k not in ("after", "top")}
+    rows = _filtered(data).exclude(state="ended")
+    count = rows.count()
+    query = {k: v for k, v in request.POST.items() if k in RunFilterForm.base_fields and v}
+    context = {"count": count, "filters": query, "cap": BULK_CANCEL_MAX, "changed": False}
+    expected = request.POST.get("expected", "")
+    if request.POST.get("confirm") != "yes" or expected != str(count):
+        context["changed"] = request.POST.get("confirm") == "yes"
+        context["reason"] = request.POST.get("reason", "")
+        return render_page(request, "console/bulk_cancel.html", context)
+    reason = request.POST.get("reason", "")[:500]
+    cancelled = 0
+    for run_id in rows.order_by("created_at").values_list("id", flat=True)[:BULK_CANCEL_MAX]:
+        operations.cancel(run_id, actor=actor(request), reason=reason)
+        cancelled += 1
+    messages.success(request, f"Cancelled {cancelled} run{'s' if cancelled != 1 else ''}.")
+    return redirect(f"{reverse('console:runs')}?{urlencode(query)}")
+
+
+@needs(OPERATE, write=True)
+def run_again(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Start a new run on the ended run's thread, with the same agent, input and metadata."""
+    run = Run.objects.filter(id=run_id).first()
+    if run is None:
+        raise Http404(f"run {run_id} does not exist")
+    inputs = [
+        {"role": role, "content": content}
+        for role, content in MessageRecord.objects.filter(
+            run_id=run_id, role__in=("user", "system")
+        )
+        .order_by("seq", "idx")
+        .values_list("role", "content")
+    ]
+    if run.state != "ended":
+        messages.error(request, "Only an ended run can run again.")
+        return redirect("console:run", run_id=run_id)
+    try:
+        new_id = operations.start_run(
+            agent=run.agent,
+            input=inputs,
+            metadata=run.metadata,
+            thread_id=run.thread_id,
+            actor=actor(request),
+        )
+    except RuntimeFault as exc:
+        messages.error(request, f"Not started: {exc.message}")
+        return redirect("console:run", run_id=run_id)
+    messages.success(request, f"Started again as run {new_id[:8]} on the same thread.")
+    return redirect("console:run", run_id=new_id)

@@ -7,32 +7,38 @@ people answer one ticket, the second is told who answered it and when (from the 
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
+from django.db.models import Q
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from console.forms import DenyForm, SchemaForm
+from console.forms import DenyForm, InboxFilterForm, SchemaForm, schema_order
 from console.models import READ, RESUME
 from console.views.common import HtmxHttpRequest, actor, needs, render_page
 from runtime import operations
+from runtime.agents import registry
 from runtime.domain.model import DECISIONS_FOR_KIND, Decision, ResumeCommand, TicketKind
 from runtime.errors import (
-    InvalidInput,
     NotAwaiting,
     RunEnded,
     RuntimeFault,
     TicketConsumed,
     TicketMismatch,
 )
-from runtime.models import Ticket
+from runtime.models import MessageRecord, ThreadCommit, Ticket
 
 KEY_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+INBOX_PAGE = 25
+PAST = {"approve": "approved", "deny": "denied", "input": "answered", "respond": "responded"}
 CLOSED_FAULTS = (TicketConsumed, RunEnded, NotAwaiting, TicketMismatch)
 
 
@@ -47,6 +53,7 @@ class TicketCard:
     error: str = ""
     notice: str = ""
     done: bool = False
+    context: dict[str, str] = field(default_factory=dict)
 
     @property
     def decisions(self) -> list[str]:
@@ -62,8 +69,34 @@ class TicketCard:
 def build_card(ticket: Ticket, data: Any = None) -> TicketCard:
     card = TicketCard(ticket=ticket)
     if ticket.kind in ("input", "delegation") and ticket.state == "open":
-        card.answer_form = SchemaForm(ticket.schema or {}, data=data)
+        # jsonb (PostgreSQL) keeps no key order; the call's raw argument text does.
+        order = schema_order(ticket.schema, ticket.call.arguments_text)
+        card.answer_form = SchemaForm(ticket.schema or {}, data=data, order=order)
     return card
+
+
+def attach_notes(tickets: list[Ticket]) -> list[Ticket]:
+    """Set ``note`` on each closed ticket: the reason its answer carried (CallResumed).
+
+    One query for all tickets: the commits that closed them, by (thread, seq).
+    """
+    closed = [t for t in tickets if t.closed_seq is not None]
+    for t in tickets:
+        t.note, t.edited_arguments = "", None
+    if not closed:
+        return tickets
+    where = Q()
+    for t in closed:
+        where |= Q(thread_id=t.run.thread_id, seq=t.closed_seq)
+    resumed: dict[str, dict[str, Any]] = {}
+    for events in ThreadCommit.objects.filter(where).values_list("events", flat=True):
+        for e in events:
+            if e.get("type") == "CallResumed":
+                resumed[e.get("ticket_id", "")] = e
+    for t in closed:
+        event = resumed.get(t.id, {})
+        t.note, t.edited_arguments = event.get("reason") or "", event.get("arguments")
+    return tickets
 
 
 def closed_notice(ticket: Ticket) -> str:
@@ -72,7 +105,9 @@ def closed_notice(ticket: Ticket) -> str:
     when = ticket.closed_at.strftime("%Y-%m-%d %H:%M:%S UTC") if ticket.closed_at else "?"
     who = ticket.closed_by or "an unnamed actor"
     if ticket.state == "consumed":
-        return f"Already answered ({ticket.decision}) by {who} at {when}."
+        note = attach_notes([ticket])[0].note
+        past = PAST.get(ticket.decision, ticket.decision)
+        return f"Already answered: {past} by {who} at {when}." + (f" Note: {note}" if note else "")
     if ticket.state == "void":
         return (
             f"Closed without an answer: the run ended ({ticket.run.end_cause}), by {who} at {when}."
@@ -80,21 +115,105 @@ def closed_notice(ticket: Ticket) -> str:
     return "This ticket is not the run's open ticket."
 
 
+def _cursor(ticket: Ticket) -> str:
+    return f"{ticket.created_at.isoformat()}~{ticket.id}"
+
+
+def _open_tickets(data: dict[str, Any]):
+    """Open tickets matching the inbox filters (kind, tool, agent, minimum age)."""
+    rows = Ticket.objects.filter(state="open")
+    if data.get("kind"):
+        rows = rows.filter(kind=data["kind"])
+    if data.get("tool"):
+        rows = rows.filter(call__name=data["tool"])
+    if data.get("agent"):
+        rows = rows.filter(run__agent=data["agent"])
+    if data.get("older_than"):
+        rows = rows.filter(created_at__lte=timezone.now() - timedelta(minutes=data["older_than"]))
+    return rows
+
+
+def _context_lines(run_ids: list[str]) -> dict[str, dict[str, str]]:
+    """Per run: the user's input (first line and whole) and the last assistant text."""
+    found: dict[str, dict[str, str]] = {r: {"input": "", "said": ""} for r in run_ids}
+    users = MessageRecord.objects.filter(run_id__in=run_ids, role="user").order_by("-seq", "-idx")
+    for run_id, content in users.values_list("run_id", "content"):
+        found[run_id]["input"] = content  # ordered newest first: the first user message wins
+    said = (
+        MessageRecord.objects.filter(run_id__in=run_ids, role="assistant")
+        .exclude(content="")
+        .order_by("seq", "idx")
+    )
+    for run_id, content in said.values_list("run_id", "content"):
+        found[run_id]["said"] = content  # ordered oldest first: the last one wins
+    return found
+
+
+def _cards(tickets: list[Ticket]) -> list[TicketCard]:
+    lines = _context_lines(sorted({t.run_id for t in tickets}))
+    cards = [build_card(t) for t in tickets]
+    for card in cards:
+        card.context = lines.get(card.ticket.run_id, {})
+    return cards
+
+
+def _recent() -> list[Ticket]:
+    rows = Ticket.objects.exclude(state="open").select_related("call", "run")
+    return attach_notes(list(rows.defer("run__snapshot").order_by("-closed_at")[:15]))
+
+
 @needs(READ)
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
-    """Every open ticket, oldest first, answerable in place; the last answers below."""
-    open_tickets = (
-        Ticket.objects.filter(state="open")
-        .select_related("call", "run")
-        .order_by("created_at", "id")
+    """Open tickets, oldest first, filtered and keyset-paged, answerable in place.
+
+    The card list changes only when the operator asks (Refresh, a filter, a page): live
+    commits refresh the counter bar and "recently closed", never the cards, so nothing moves
+    under the pointer (issue 11, defect 1). ``part`` picks a fragment: ``bar`` or ``recent``.
+    """
+    form = InboxFilterForm(request.GET)
+    form.is_valid()
+    data = form.cleaned_data
+    rows = _open_tickets(data)
+    part = request.GET.get("part")
+    params = request.GET.copy()
+    for name in ("part", "after"):
+        params.pop(name, None)
+    context: dict[str, Any] = {"form": form, "filter_query": params.urlencode()}
+    context["open_total"] = rows.count()
+    if part == "bar":
+        return render_page(request, "console/inbox.html", context, partial="bar")
+    if part == "recent":
+        context["recent"] = _recent()
+        return render_page(request, "console/inbox.html", context, partial="recent")
+    after = _parse_cursor(data.get("after") or "")
+    if after:
+        rows = rows.filter(Q(created_at__gt=after[0]) | Q(created_at=after[0], id__gt=after[1]))
+    page = list(
+        rows.select_related("call", "run")
+        .defer("run__snapshot")
+        .order_by("created_at", "id")[: INBOX_PAGE + 1]
     )
-    recent = (
-        Ticket.objects.exclude(state="open")
-        .select_related("call", "run")
-        .order_by("-closed_at")[:15]
+    more = len(page) > INBOX_PAGE
+    page = page[:INBOX_PAGE]
+    if more:
+        params["after"] = _cursor(page[-1])
+    context.update(
+        cards=_cards(page),
+        recent=_recent(),
+        paged=after is not None,
+        next_query=params.urlencode() if more else None,
+        tools=sorted(set(Ticket.objects.filter(state="open").values_list("call__name", flat=True))),
+        agents=sorted(registry()),
     )
-    context = {"cards": [build_card(t) for t in open_tickets], "recent": recent}
     return render_page(request, "console/inbox.html", context, partial="tickets")
+
+
+def _parse_cursor(raw: str) -> tuple[datetime, str] | None:
+    stamp, _, ticket_id = raw.partition("~")
+    try:
+        return datetime.fromisoformat(stamp), ticket_id
+    except ValueError:
+        return None
 
 
 def _ticket(ticket_id: str) -> Ticket:
@@ -129,48 +248,71 @@ def _respond(
     return render_page(request, "console/ticket.html", {"card": card}, status=status)
 
 
-@needs(RESUME, write=True)
-def answer_ticket(request: HtmxHttpRequest, ticket_id: str) -> HttpResponse:
-    """Approve, deny (with a reason) or give typed input; report refusals with their cause."""
-    ticket = _ticket(ticket_id)
+def _safe_next(request: HtmxHttpRequest) -> str | None:
     next_url = request.POST.get("next") or None
     if next_url and not url_has_allowed_host_and_scheme(
         next_url, allowed_hosts={request.get_host()}, require_https=request.is_secure()
     ):
-        next_url = None
-    raw = request.POST.get("decision", "")
-    card = build_card(ticket, data=request.POST if raw == Decision.INPUT else None)
-    key = request.POST.get("key", "")
+        return None
+    return next_url
+
+
+@needs(RESUME, write=True)
+def answer_ticket(request: HtmxHttpRequest, ticket_id: str) -> HttpResponse:
+    """Approve, deny (with a reason) or give typed input; report refusals with their cause."""
+    ticket = _ticket(ticket_id)
+    card, status = answer(request, ticket, request.POST)
+    return _respond(request, card, status, _safe_next(request))
+
+
+def answer(request: HtmxHttpRequest, ticket: Ticket, post: Any) -> tuple[TicketCard, int]:
+    """Answer one ticket from form data: ``decision``, ``key``, ``reason`` or ``note``, and
+    the input fields. Returns the card to show and the HTTP status (200, 400, 409, 422)."""
+    raw = post.get("decision", "")
+    card = build_card(ticket, data=post if raw == Decision.INPUT else None)
+    key = post.get("key", "")
     if KEY_PATTERN.match(key):
         card.key = key
     if ticket.state != "open":
         card.notice = closed_notice(ticket)
-        return _respond(request, card, 409, next_url)
+        return card, 409
     if raw not in card.decisions:
         card.error = f"This {ticket.kind} ticket is answered with: {', '.join(card.decisions)}."
-        return _respond(request, card, 400, next_url)
+        return card, 400
     decision = Decision(raw)
-    answer: Any = None
-    reason = ""
+    answer_value: Any = None
+    edited: dict[str, Any] | None = None
     if decision is Decision.INPUT:
         assert card.answer_form is not None
         if not card.answer_form.is_valid():
             card.error = "Check the highlighted fields."
-            return _respond(request, card, 422, next_url)
-        answer = card.answer_form.answer()
-    if decision is Decision.DENY:
-        card.deny_form = DenyForm(request.POST)
-        if not card.deny_form.is_valid():
-            card.error = "The reason is too long."
-            return _respond(request, card, 422, next_url)
-        reason = card.deny_form.cleaned_data["reason"]
+            return card, 422
+        answer_value = card.answer_form.answer()
+    try:
+        if decision is Decision.RESPOND:
+            answer_value = supplied_result(post.get("result", ""))
+        if decision is Decision.APPROVE:
+            edited = edited_arguments(post.get("arguments", ""), ticket.call.arguments)
+    except ValueError as exc:
+        card.error = str(exc)
+        return card, 422
+    # A deny's reason is shown to the model; an approval's or an answer's note is recorded
+    # with the decision (both ride in CallResumed.reason).
+    card.deny_form = DenyForm(
+        {"reason": post.get("reason" if decision is Decision.DENY else "note", "")}
+    )
+    if not card.deny_form.is_valid():
+        card.error = "The reason or note is too long."
+        return card, 422
+    reason = card.deny_form.cleaned_data["reason"]
     command = ResumeCommand(
         ticket_id=ticket.id,
         kind=TicketKind(ticket.kind),
         decision=decision,
-        input=answer,
+        input=answer_value,
         reason=reason,
         call_id=ticket.call_id,
+        arguments=edited,
     )
     try:
         operations.resume(
@@ -182,17 +324,81 @@ def answer_ticket(request: HtmxHttpRequest, ticket_id: str) -> HttpResponse:
     except CLOSED_FAULTS:
         card.notice = closed_notice(ticket)
         card.answer_form = None
-        return _respond(request, card, 409, next_url)
-    except InvalidInput as exc:
+        return card, 409
+    except RuntimeFault as exc:  # InvalidInput included: its message names the field
         card.error = exc.message
-        return _respond(request, card, exc.status, next_url)
-    except RuntimeFault as exc:
-        card.error = exc.message
-        return _respond(request, card, exc.status, next_url)
+        return card, exc.status
     ticket.refresh_from_db()
     card.done = True
     card.answer_form = None
-    verb = {"approve": "Approved", "deny": "Denied", "input": "Answered"}[decision.value]
-    when = ticket.closed_at.strftime("%H:%M:%S UTC") if ticket.closed_at else ""
-    card.notice = f"{verb} by {ticket.closed_by or actor(request)} at {when}."
-    return _respond(request, card, 200, next_url)
+    when = ticket.closed_at.strftime("%Y-%m-%d %H:%M:%S UTC") if ticket.closed_at else ""
+    who = ticket.closed_by or actor(request)
+    how = " with edited arguments" if edited is not None else ""
+    if decision is Decision.RESPOND:
+        how = " for the tool with a supplied result (the tool does not run)"
+    card.notice = f"{PAST[decision.value].capitalize()}{how} by {who} at {when}." + (
+        f" Note: {reason}" if reason else ""
+    )
+    return card, 200
+
+
+def supplied_result(text: str) -> Any:
+    """The result an approver supplies instead of running the tool: JSON if it parses,
+    else the text itself. Raises ValueError when it is empty."""
+    if not text.strip():
+        raise ValueError("Type the result the model should receive.")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def edited_arguments(text: str, original: Any) -> dict[str, Any] | None:
+    """The operator's edit of the arguments as a JSON object, or None when the field is empty
+    or unchanged. Raises ValueError when it is not a JSON object."""
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"The edited arguments are not valid JSON: {exc.msg}.") from exc
+    if not isinstance(value, dict):
+        raise ValueError("The edited arguments must be a JSON object.")
+    return None if value == original else value
+
+
+BULK_MAX = 100
+
+
+@needs(RESUME, write=True)
+def bulk_answer(request: HtmxHttpRequest) -> HttpResponse:
+    """Approve or deny the selected tickets after one confirmation naming count and tools.
+
+    Without ``confirm`` nothing is written: the answer asks to confirm. With it, each ticket
+    is answered on its own (one refusal does not stop the others) and every card is swapped
+    in place (out of band) with its outcome.
+    """
+    decision = request.POST.get("decision", "")
+    ids = request.POST.getlist("ticket")[:BULK_MAX]
+    tickets = list(Ticket.objects.filter(id__in=ids).select_related("call", "run"))
+    context: dict[str, Any] = {"decision": decision, "tickets": tickets}
+    if decision not in ("approve", "deny") or not tickets:
+        context["error"] = "Select tickets, then choose Approve or Deny."
+        return render_page(request, "console/bulk.html", context, status=400)
+    if request.POST.get("confirm") != "yes":
+        counts: dict[str, int] = {}
+        for t in tickets:
+            counts[t.call.name] = counts.get(t.call.name, 0) + 1
+        context["tools"] = sorted(counts.items())
+        return render_page(request, "console/bulk.html", context)
+    cards = []
+    for t in tickets:
+        post = {"decision": decision, "reason": request.POST.get("reason", "")}
+        if t.kind != "approval" and decision == "approve":
+            card = build_card(t)
+            card.error = f"A {t.kind} ticket is not approved in bulk."
+        else:
+            card, _ = answer(request, t, post)
+        cards.append(card)
+    context.update(cards=cards, done=sum(c.done for c in cards))
+    return render_page(request, "console/bulk.html", context)

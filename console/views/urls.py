@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console.views import reconcile, runs, tickets, tokens
+from console.views import audit, reconcile, runs, tabs, tickets, tokens
 
 app_name = "console"
 
@@ -14,13 +14,18 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", runs.runs, name="runs"),
     path("runs/new/", runs.start_run, name="start"),
+    path("runs/cancel/", runs.bulk_cancel, name="bulk_cancel"),
     path("runs/<str:run_id>/", runs.run_detail, name="run"),
     path("runs/<str:run_id>/cancel/", runs.cancel_run, name="cancel"),
+    path("runs/<str:run_id>/again/", runs.run_again, name="run_again"),
     path("inbox/", tickets.inbox, name="inbox"),
+    path("inbox/bulk/", tickets.bulk_answer, name="bulk_answer"),
     path("tickets/<str:ticket_id>/", tickets.ticket_detail, name="ticket"),
     path("tickets/<str:ticket_id>/answer/", tickets.answer_ticket, name="answer"),
     path("reconcile/", reconcile.reconciliation, name="reconcile"),
     path("reconcile/<str:call_id>/", reconcile.reconcile_call, name="reconcile_call"),
+    path("audit/", audit.audit, name="audit"),
     path("tokens/", tokens.tokens, name="tokens"),
+    path("tabs/<str:which>/", tabs.tab_count, name="tab_count"),
     path("tokens/<int:token_id>/revoke/", tokens.revoke_token, name="revoke_token"),
 ]

@@ -200,10 +200,13 @@ def _resume(run: RunView, event: CallResumed) -> RunView:
         decision=event.decision,
         input=event.input,
         call_id=event.call_id,
+        arguments=event.arguments,
     )
     check_resume(run, command)
     call = _open_call(run, event.call_id)
-    updated = t.resume_call(call, event.ticket_id, event.decision, resume_result(event))
+    updated = t.resume_call(
+        call, event.ticket_id, event.decision, resume_result(event), event.arguments
+    )
     run = _replace_call(run, updated)
     return replace(run, ticket=None, consumed_tickets=(*run.consumed_tickets, event.ticket_id))
 
@@ -214,6 +217,12 @@ def resume_result(event: CallResumed) -> str:
         return "Denied by operator" + (f": {event.reason}" if event.reason else ".")
     if event.decision is Decision.INPUT:
         return json.dumps(event.input, sort_keys=True, ensure_ascii=False)
+    if event.decision is Decision.RESPOND:  # the approver's supplied result, as given
+        return (
+            event.input
+            if isinstance(event.input, str)
+            else json.dumps(event.input, sort_keys=True, ensure_ascii=False)
+        )
     return ""
 
 
@@ -238,6 +247,12 @@ def check_resume(run: RunView, command: ResumeCommand) -> None:
             given_kind=str(command.kind),
             decision=command.decision.value,
         )
+    if command.arguments is not None and (
+        command.decision is not Decision.APPROVE or not isinstance(command.arguments, dict)
+    ):
+        raise InvalidCommit("edited arguments are a JSON object and ride only with an approval")
+    if command.decision is Decision.RESPOND and command.input is None:
+        raise InvalidCommit("a respond answer carries the supplied result")
 
 
 def _check_messages(run: RunView, draft: CommitDraft, activation: bool) -> None:

@@ -56,8 +56,10 @@ class CallAwaiting:
 class CallResumed:
     """A validated ResumeCommand consumed the call's ticket.
 
-    APPROVE leaves the call Awaiting but approved (the worker commits Executing next);
-    DENY completes it with a denied error; INPUT completes it with the input as result.
+    APPROVE leaves the call Awaiting but approved (the worker commits Executing next), with
+    ``arguments`` replacing the model's when the operator edited them; DENY completes it
+    with a denied error; INPUT completes it with the input as result; RESPOND completes it
+    with ``input`` as the supplied result (the tool never runs).
     """
 
     call_id: str
@@ -65,6 +67,7 @@ class CallResumed:
     decision: Decision
     input: JSON = None
     reason: str = ""
+    arguments: JSON = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

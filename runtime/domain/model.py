@@ -69,12 +69,15 @@ class Decision(StrEnum):
     APPROVE = "approve"
     DENY = "deny"
     INPUT = "input"
+    # The approver answers for the tool: the call completes with the supplied result and
+    # never runs (seed: "Awaiting -> Completed: denied or externally completed").
+    RESPOND = "respond"
 
 
 # Which decisions answer which ticket kind. Delegation and timer tickets are completed by the
 # runtime itself with a result (INPUT carries it).
 DECISIONS_FOR_KIND: dict[TicketKind, frozenset[Decision]] = {
-    TicketKind.APPROVAL: frozenset({Decision.APPROVE, Decision.DENY}),
+    TicketKind.APPROVAL: frozenset({Decision.APPROVE, Decision.DENY, Decision.RESPOND}),
     TicketKind.INPUT: frozenset({Decision.INPUT, Decision.DENY}),
     TicketKind.DELEGATION: frozenset({Decision.INPUT, Decision.DENY}),
     TicketKind.TIMER: frozenset({Decision.APPROVE, Decision.DENY}),
@@ -107,6 +110,9 @@ class ResumeCommand:
     input: JSON | None = None
     reason: str = ""
     call_id: str | None = None
+    # APPROVE only: the operator's edit of the call's arguments (a JSON object), run instead
+    # of the model's; the model's stay in BatchOpened and the call's projection.
+    arguments: JSON | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,7 +6,9 @@ from, to and why for anything the table does not allow. Executing never returns 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from typing import Any
 
 from runtime.domain.model import CallPhase, Decision, Permission, RecoveryPolicy, ToolCall
 from runtime.errors import IllegalTransition
@@ -83,11 +85,21 @@ def await_ticket(call: ToolCall, ticket_id: str) -> ToolCall:
     return replace(call, phase=A, ticket_id=ticket_id, approved=False)
 
 
-def resume_call(call: ToolCall, ticket_id: str, decision: Decision, result: str) -> ToolCall:
-    """Apply a validated resume: approve stays Awaiting (approved), deny/input complete."""
+def resume_call(
+    call: ToolCall,
+    ticket_id: str,
+    decision: Decision,
+    result: str,
+    arguments: dict[str, Any] | None = None,
+) -> ToolCall:
+    """Apply a validated resume: approve stays Awaiting (approved, with the operator's
+    ``arguments`` if edited), deny / input / respond complete."""
     if call.phase is not A or call.ticket_id != ticket_id or call.approved:
         raise _refuse(call, X, f"the call is not awaiting ticket {ticket_id}")
     if decision is Decision.APPROVE:
+        if arguments is not None:
+            text = json.dumps(arguments, ensure_ascii=False)
+            return replace(call, approved=True, arguments=arguments, arguments_text=text)
         return replace(call, approved=True)
     return complete(call, result, is_error=decision is Decision.DENY)
 

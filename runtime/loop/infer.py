@@ -133,6 +133,7 @@ def _context(d: RunDriver, step: int, attempt: int) -> InferenceContext:
             d.run_id,
             step=step,
             attempt=attempt,
+            claim=d.lease.epoch,
             delta={
                 "kind": delta.kind,
                 "text": delta.text,

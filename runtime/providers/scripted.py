@@ -114,7 +114,15 @@ class ScriptedProvider:
 
     def _stream(self, step: TextStep | ToolCallsStep, ctx: InferenceContext) -> InferenceResult:
         pause = step.delay_ms / 1000
+        said = ""
         for piece in _split(step.text, step.chunks):
+            said += piece
+            if pause:
+                # A slow stream checkpoints its text like a network provider, so a viewer who
+                # joins late is shown the opening words (console.consumers, "hello"). The
+                # checkpoint goes first: a viewer joining in between sees a piece twice,
+                # never a gap.
+                ctx.checkpoint(said, [])
             ctx.on_delta(Delta(kind="text", text=piece))
             if pause:
                 time.sleep(pause)

@@ -4,6 +4,7 @@
   "use strict";
 
   var POLL_MS = 5000;
+  var INTERRUPTED_MS = 5000;  // no delta for this long while streaming: say so
 
   function flash(text, kind) {
     var box = document.getElementById("flash");
@@ -15,7 +16,7 @@
     setTimeout(function () { p.remove(); }, 8000);
   }
 
-  // -- relative times ("3 min ago"), refreshed in place ------------------------------------
+  // -- times: the browser's zone, named; relative on request -------------------------------
   function ago(iso) {
     var s = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
     if (s < 60) return s + " s ago";
@@ -23,12 +24,61 @@
     if (s < 86400) return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min ago";
     return Math.floor(s / 86400) + " d ago";
   }
+  var LOCAL = new Intl.DateTimeFormat(undefined, {
+    year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit",
+    second: "2-digit", hourCycle: "h23", timeZoneName: "short",
+  });
+  function local(iso) {
+    var parts = {};
+    LOCAL.formatToParts(new Date(iso)).forEach(function (p) { parts[p.type] = p.value; });
+    return parts.year + "-" + parts.month + "-" + parts.day + " " + parts.hour + ":" +
+      parts.minute + ":" + parts.second + " " + parts.timeZoneName;
+  }
+  function relativeWanted() { return localStorage.getItem("rt:relative-times") === "1"; }
   function tickTimes() {
+    var relative = relativeWanted();
     document.querySelectorAll("time[data-ago]").forEach(function (el) {
       var iso = el.getAttribute("datetime");
       if (iso) el.textContent = ago(iso);
     });
+    document.querySelectorAll("time[data-local]").forEach(function (el) {
+      var iso = el.getAttribute("datetime");
+      if (!iso) return;
+      var absolute = local(iso);
+      el.textContent = relative ? ago(iso) : absolute;
+      el.title = (relative ? absolute : ago(iso)) + " · " + iso.replace("T", " ").slice(0, 19) + " UTC";
+    });
+    document.querySelectorAll("[data-time-toggle]").forEach(function (b) {
+      b.textContent = relative ? "Show clock times" : "Show relative times";
+    });
   }
+  document.addEventListener("click", function (e) {
+    if (e.target.closest && e.target.closest("[data-time-toggle]")) {
+      localStorage.setItem("rt:relative-times", relativeWanted() ? "0" : "1");
+      tickTimes();
+    }
+  });
+
+  // -- copy buttons, and links into folded sections ---------------------------------------
+  document.addEventListener("click", function (e) {
+    var button = e.target.closest && e.target.closest("[data-copy]");
+    if (!button) return;
+    var text = button.getAttribute("data-copy");
+    var said = function () {
+      button.textContent = "Copied";
+      setTimeout(function () { button.textContent = "Copy"; }, 1500);
+    };
+    if (navigator.clipboard) navigator.clipboard.writeText(text).then(said, function () {});
+  });
+  function unfold() {
+    var id = decodeURIComponent(location.hash.slice(1));
+    var target = id && document.getElementById(id);
+    for (var el = target; el; el = el.parentElement) {
+      if (el.tagName === "DETAILS") el.open = true;
+    }
+    if (target) target.scrollIntoView();
+  }
+  window.addEventListener("hashchange", unfold);
 
   // -- refreshes that never wipe what a person is typing -----------------------------------
   function editing(el) {
@@ -40,7 +90,10 @@
   function refresh(el) {
     if (!el || !window.htmx) return;
     if (editing(el)) { el.dataset.pending = "1"; return; }
-    htmx.ajax("GET", el.getAttribute("hx-get"), { source: el, target: el, swap: "outerHTML" });
+    // A background read: a failure is reported by the status line, never thrown.
+    var done = htmx.ajax("GET", el.getAttribute("hx-get"),
+                         { source: el, target: el, swap: "outerHTML" });
+    if (done && done.catch) done.catch(function () {});
   }
   function flushPending() {
     document.querySelectorAll("[data-pending]").forEach(function (el) {
@@ -61,61 +114,182 @@
       el.dataset.pending = "1";
     }
   });
+  // Only what a person sent is reported as "not sent"; background reads (GET) that fail are
+  // shown by the live status line, which already says the server is unreachable.
+  function background(e) {
+    var config = e.detail.requestConfig;
+    return !config || config.verb === "get";
+  }
   document.addEventListener("htmx:responseError", function (e) {
+    if (background(e)) return;
     flash("The server answered " + e.detail.xhr.status + ". Reload the page and try again.");
   });
-  document.addEventListener("htmx:sendError", function () {
+  document.addEventListener("htmx:sendError", function (e) {
+    if (background(e)) {
+      status("down", "The server cannot be reached; retrying.");
+      return;
+    }
     flash("The server cannot be reached. Your action was not sent.");
   });
   document.addEventListener("htmx:afterSwap", tickTimes);
-  // An answered card may vanish at the next list refresh, even before its own answer is
-  // swapped in: take the notice from the answer itself and keep it in the flash area.
-  document.addEventListener("htmx:afterRequest", function (e) {
-    if (!e.detail.successful || !e.detail.xhr) return;
-    var doc = new DOMParser().parseFromString(e.detail.xhr.responseText || "", "text/html");
-    var notice = doc.querySelector(".ticket-card.done .notice");
-    if (notice) flash(notice.textContent, "success");
+
+  // -- inbox: answered cards stay in place, keep their height, and take the focus ----------
+  var heights = {};
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    var target = e.detail.target;
+    if (target && target.classList && target.classList.contains("ticket-card")) {
+      heights[target.id] = target.offsetHeight;
+    }
   });
+  document.addEventListener("htmx:afterSwap", function (e) {
+    var id = e.detail.target && e.detail.target.id;
+    var card = id && heights[id] !== undefined ? document.getElementById(id) : null;
+    if (!card) return;
+    // The card never shrinks under the pointer: what sits below it stays where it was.
+    card.style.minHeight = heights[id] + "px";
+    delete heights[id];
+    var outcome = card.querySelector("[data-outcome], .error");
+    if (outcome) { outcome.setAttribute("tabindex", "-1"); outcome.focus(); }
+    updateSelected();
+  });
+  document.addEventListener("click", function (e) {
+    var dismiss = e.target.closest && e.target.closest("[data-dismiss-card]");
+    if (dismiss) {
+      var card = dismiss.closest(".ticket-card");
+      var next = nextCard(card, 1) || nextCard(card, -1);
+      card.remove();
+      if (next) next.focus();
+    }
+    var cancel = e.target.closest && e.target.closest("[data-dismiss-confirm]");
+    if (cancel) {
+      var box = cancel.closest("#bulk-confirm, .confirm");
+      if (box) box.textContent = "";
+    }
+  });
+  function updateSelected() {
+    var n = document.querySelectorAll("#tickets input.select:checked").length;
+    document.querySelectorAll("[data-testid=selected-count]").forEach(function (el) {
+      el.textContent = String(n);
+    });
+  }
+  document.addEventListener("change", function (e) {
+    if (e.target.matches && e.target.matches("input.select")) updateSelected();
+  });
+
+  function cards() { return Array.prototype.slice.call(document.querySelectorAll("#tickets .ticket-card")); }
+  function currentCard() {
+    var a = document.activeElement;
+    return a && a.closest ? a.closest("#tickets .ticket-card") : null;
+  }
+  function nextCard(card, step) {
+    var all = cards();
+    var i = all.indexOf(card);
+    return all[i + step] || null;
+  }
+  function confirmBox(card, text, button) {
+    var old = card.querySelector(".key-confirm");
+    if (old) old.remove();
+    var box = document.createElement("div");
+    box.className = "key-confirm confirm";
+    box.setAttribute("role", "alertdialog");
+    var p = document.createElement("p");
+    p.textContent = text;
+    box.appendChild(p);
+    var go = document.createElement("button");
+    go.type = "button";
+    go.className = button.className;
+    go.textContent = "Confirm: " + button.textContent.trim().toLowerCase();
+    go.addEventListener("click", function () { box.remove(); button.click(); });
+    var no = document.createElement("button");
+    no.type = "button";
+    no.textContent = "Cancel (Esc)";
+    no.addEventListener("click", function () { box.remove(); card.focus(); });
+    box.appendChild(go);
+    box.appendChild(no);
+    card.querySelector(".ticket-head").after(box);
+    go.focus();
+  }
+  function inboxKeys(e) {
+    if (!document.getElementById("tickets") || e.ctrlKey || e.metaKey || e.altKey) return;
+    var t = e.target;
+    if (e.key === "Escape") {
+      var box = t.closest && t.closest(".key-confirm");
+      if (box) { var c = box.closest(".ticket-card"); box.remove(); c.focus(); }
+      return;
+    }
+    if (t.matches && t.matches("input, textarea, select")) return;
+    var card = currentCard();
+    if (e.key === "j" || e.key === "k") {
+      var all = cards();
+      var to = card ? nextCard(card, e.key === "j" ? 1 : -1) : all[0];
+      if (to) { to.focus(); to.scrollIntoView({ block: "nearest" }); }
+      e.preventDefault();
+    } else if (card && e.key === "a") {
+      var approve = card.querySelector("button[value=approve]");
+      if (approve) {
+        e.preventDefault();
+        confirmBox(card, "Approve #" + card.querySelector("h3 b").textContent.replace(/^#/, "") +
+                   "? Enter confirms, Esc cancels.", approve);
+      }
+    } else if (card && e.key === "d") {
+      var reason = card.querySelector("form.deny input[name=reason]");
+      if (reason) {
+        e.preventDefault();
+        reason.focus();
+        reason.placeholder = "reason, then Enter to deny (Esc: back)";
+      }
+    } else if (card && e.key === "x") {
+      var box2 = card.querySelector("input.select");
+      if (box2) { box2.checked = !box2.checked; updateSelected(); e.preventDefault(); }
+    }
+  }
+  document.addEventListener("keydown", inboxKeys);
 
   // -- a WebSocket that reconnects, and polls while it is down -----------------------------
   function socket(path, handlers) {
-    var delay = 1000, poll = null;
+    var delay = 1000, poll = null, closed = false;
     var url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + path;
     function startPoll() {
       if (poll === null && handlers.onPoll) poll = setInterval(handlers.onPoll, POLL_MS);
     }
     function stopPoll() { if (poll !== null) { clearInterval(poll); poll = null; } }
+    var ws;
     function open() {
-      var ws;
       try { ws = new WebSocket(url); } catch (err) { startPoll(); return; }
-      ws.onopen = function () { delay = 1000; stopPoll(); status("live", "Live: connected."); };
+      ws.onopen = function () { delay = 1000; stopPoll(); if (handlers.onOpen) handlers.onOpen(); };
       ws.onmessage = function (e) {
         var data;
         try { data = JSON.parse(e.data); } catch (err) { return; }
         handlers.onMessage(data);
       };
       ws.onclose = function (e) {
+        if (closed) return;
         if (e.code === 4404) { status("down", "This run does not exist."); return; }
-        status("down", "Disconnected: reconnecting; committed state is polled meanwhile.");
+        if (handlers.onDown) handlers.onDown();
         startPoll();
         setTimeout(open, delay);
         delay = Math.min(delay * 2, 15000);
       };
     }
     open();
+    return { close: function () { closed = true; stopPoll(); if (ws) ws.close(); } };
   }
-  function status(kind, text) {
-    document.querySelectorAll("[data-live-status]").forEach(function (el) {
+  function status(kind, text, scope) {
+    (scope || document).querySelectorAll("[data-live-status]").forEach(function (el) {
       el.textContent = text;
       el.dataset.conn = kind;
     });
   }
 
-  // -- lists: runs and inbox refresh when any run commits ----------------------------------
+  // -- lists and tab counts refresh when any run commits -----------------------------------
   function startLists() {
-    if (!document.querySelector("#listing, #tickets")) return;
     var fire = function () { htmx.trigger(document.body, "rt:commit"); };
+    var list = document.querySelector("#listing, #tickets, #calls");
     socket("/ws/runs/", {
+      onOpen: function () { if (list) status("live", "Live: connected."); },
+      onDown: function () {
+        if (list) status("down", "Disconnected: reconnecting; the list is polled meanwhile.");
+      },
       onMessage: function (m) { if (m.event === "commit") fire(); },
       onPoll: function () { htmx.trigger(document.body, "rt:poll"); },
     });
@@ -123,66 +297,141 @@
 
   // -- the run page: committed panels plus the live, unconfirmed stream --------------------
   function startRun(panel) {
-    var live = { step: 0, attempt: 0, text: "", tools: [] };
+    // The stream of one claim of one attempt of one step; any change starts it afresh.
+    var live = { step: 0, attempt: 0, claim: null, text: "", tools: [], seq: 0, last: 0 };
     var textEl = document.getElementById("live-text");
     var toolsEl = document.getElementById("live-tools");
     var stepEl = document.getElementById("live-step");
+    var conn = null, watchdog = null;
     function committed() { return document.getElementById("committed"); }
+    function ended() { var c = committed(); return c && c.dataset.state === "ended"; }
     function clear(note) {
       live.text = "";
       live.tools = [];
       stepEl.textContent = note || "";
       render();
     }
+    function atBottom(el) { return el.scrollHeight - el.scrollTop - el.clientHeight < 8; }
     function render() {
+      var follow = atBottom(textEl);
       textEl.textContent = live.text;
       textEl.hidden = !live.text;
+      // Follow the tail unless the operator scrolled up to read.
+      if (follow) textEl.scrollTop = textEl.scrollHeight;
       toolsEl.textContent = "";
       live.tools.forEach(function (t, i) {
         if (!t) return;
         var li = document.createElement("li");
         var head = document.createElement("b");
-        head.textContent = "#" + i + " " + (t.name || "(tool)");
+        head.textContent = "#" + i + " " + (t.name || "(name not received)");
+        li.appendChild(head);
+        if (!t.whole) {
+          var note = document.createElement("span");
+          note.className = "muted small";
+          note.textContent = " joined mid-call: the arguments' start was not received";
+          li.appendChild(note);
+        }
         var pre = document.createElement("pre");
         pre.className = "untrusted";
         pre.textContent = t.args;
-        li.appendChild(head);
         li.appendChild(pre);
         toolsEl.appendChild(li);
       });
       panel.classList.toggle("streaming", !!(live.text || live.tools.length));
     }
+    function interrupted() {
+      watchdog = null;
+      if (!(live.text || live.tools.length)) return;
+      panel.classList.add("interrupted");
+      stepEl.textContent = "Stream interrupted: no output for " + INTERRUPTED_MS / 1000 +
+        " s (step " + live.step + ", attempt " + live.attempt + "). This text may never be committed.";
+    }
+    function arm() {
+      panel.classList.remove("interrupted");
+      if (watchdog) clearTimeout(watchdog);
+      watchdog = setTimeout(interrupted, INTERRUPTED_MS);
+    }
     function onDelta(d) {
+      if (ended()) return;
       if (d.step < live.step || (d.step === live.step && d.attempt < live.attempt)) return;
-      if (d.step !== live.step || d.attempt !== live.attempt) {
-        var failed = d.step === live.step && d.attempt > live.attempt;
+      var claim = d.claim === undefined ? null : d.claim;
+      var same = d.step === live.step && d.attempt === live.attempt;
+      if (!same || (live.claim !== null && claim !== live.claim)) {
+        var note = "";
+        if (d.step === live.step && d.attempt > live.attempt) {
+          note = "Attempt " + live.attempt + " failed; its text was dropped. ";
+        } else if (d.step === live.step && live.step) {
+          note = "Another worker took over; the previous text was dropped. ";
+        }
         live.step = d.step;
         live.attempt = d.attempt;
-        clear((failed ? "Attempt " + (d.attempt - 1) + " failed; its text was dropped. " : "") +
-              "Step " + d.step + ", attempt " + d.attempt + " (unconfirmed)");
+        clear(note + "Step " + d.step + ", attempt " + d.attempt + " (unconfirmed)");
       }
+      live.claim = claim;
       if (d.kind === "text") {
         live.text += d.text || "";
       } else if (d.kind === "tool_call") {
-        var t = live.tools[d.index] || (live.tools[d.index] = { name: "", args: "" });
+        var t = live.tools[d.index];
+        if (!t) t = live.tools[d.index] = { name: "", args: "", whole: !!d.name };
         if (d.name) t.name = d.name;
         t.args += d.text || "";
       }
+      arm();
       render();
     }
-    socket(panel.dataset.wsPath, {
-      onMessage: function (m) {
-        if (m.event === "hello") {
-          // Committed state first: a page that missed commits while away refreshes now.
-          clear("");
-          var c = committed();
-          if (c && String(m.version) !== c.dataset.version) refresh(c);
-        } else if (m.event === "delta") {
-          onDelta(m);
-        } else if (m.event === "commit") {
-          clear("Commit #" + m.seq + " landed; committed state refreshed.");
-          refresh(committed());
+    function onEnded() {
+      if (watchdog) { clearTimeout(watchdog); watchdog = null; }
+      clear("");
+      status("ended", "The run has ended: nothing more will stream.", panel);
+      if (conn) { conn.close(); conn = null; }
+    }
+    function onCommit(m) {
+      // A notice for a commit already shown (the log watcher repeats the real one) changes
+      // nothing: the stream of the current step goes on.
+      if (typeof m.seq !== "number" || m.seq <= live.seq) return;
+      live.seq = m.seq;
+      htmx.trigger(document.body, "rt:commit");
+      clear("Commit #" + m.seq + " landed; committed state refreshed.");
+      refresh(committed());
+    }
+    function hello(m) {
+      // Committed state first: a page that missed commits while away refreshes now, and
+      // the text streamed before those commits is stale.
+      var c = committed();
+      if (m.version > live.seq) { live.seq = m.version; clear(""); }
+      if (c && String(m.version) !== c.dataset.version) refresh(c);
+      // The stream so far (the worker's checkpoint), so a late viewer sees the opening words.
+      if (m.stream && m.stream.text !== undefined && m.version === live.seq) {
+        live.step = m.stream.step; live.attempt = m.stream.attempt; live.claim = null;
+        clear("Step " + live.step + ", attempt " + live.attempt + " (unconfirmed; the start is " +
+              "from the worker's last checkpoint, words since then may be missing)");
+        live.text = m.stream.text;
+        arm();
+        render();
+      }
+    }
+    document.addEventListener("htmx:afterSettle", function (e) {
+      var c = committed();
+      if (c && e.detail.elt === c) {
+        var version = Number(c.dataset.version);
+        if (version > live.seq) {  // a poll found a commit the socket never announced
+          live.seq = version;
+          clear("Commit #" + version + " landed; committed state refreshed.");
         }
+        if (ended()) onEnded();
+      }
+    });
+    live.seq = Number(committed() ? committed().dataset.version : 0);
+    if (ended()) { onEnded(); return; }
+    conn = socket(panel.dataset.wsPath, {
+      onOpen: function () { status("live", "Live: connected.", panel); },
+      onDown: function () {
+        status("down", "Disconnected: reconnecting; committed state is polled meanwhile.", panel);
+      },
+      onMessage: function (m) {
+        if (m.event === "hello") hello(m);
+        else if (m.event === "delta") onDelta(m);
+        else if (m.event === "commit") onCommit(m);
       },
       onPoll: function () { refresh(committed()); },
     });
@@ -190,6 +439,7 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    unfold();
     tickTimes();
     setInterval(tickTimes, 10000);
     document.querySelectorAll("input.token").forEach(function (el) {
@@ -197,6 +447,6 @@
     });
     var panel = document.getElementById("live");
     if (panel) startRun(panel);
-    startLists();
+    else startLists();
   });
 })();

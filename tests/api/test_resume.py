@@ -227,3 +227,31 @@ def test_a_malformed_idempotency_key_is_422(api, awaiting, key):
     )
     assert response.status_code == 422
     assert error_of(response)["code"] == "validation_error"
+
+
+def test_respond_completes_an_approval_with_the_supplied_result(api, awaiting):
+    run = awaiting("approval")
+    body = answer(run, decision="respond", result={"recorded": "by hand"}, note="done in ERP")
+    response = api.post(f"/runs/{run['id']}/resume", body)
+    assert response.status_code == 200, response.content
+    (call,) = response.json()["batches"][0]["calls"]
+    assert call["phase"] == "completed" and call["is_error"] is False
+    assert json.loads(call["result"]) == {"recorded": "by hand"}
+    ticket = Ticket.objects.get(id=run["ticket"]["id"])
+    assert (ticket.state, ticket.decision) == ("consumed", "respond")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"decision": "respond"},  # no result
+        {"decision": "deny", "arguments": {"key": "x"}},  # arguments ride with approve only
+        {"decision": "approve", "arguments": [1]},
+    ],
+)
+def test_malformed_operator_acts_are_422_and_write_nothing(api, awaiting, body):
+    run = awaiting("approval")
+    before = commit_count()
+    response = api.post(f"/runs/{run['id']}/resume", answer(run, **body))
+    assert response.status_code == 422, response.content
+    assert commit_count() == before

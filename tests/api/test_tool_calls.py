@@ -86,6 +86,19 @@ def test_reconciliation_records_an_audited_fact(api, sealed):
     assert [r["outcome"] for r in listed["reconciliations"]] == ["applied"]
 
 
+def test_unreconciled_lists_what_the_console_still_shows(api, sealed):
+    (_, call_id) = sealed["started"]
+    assert [i["call_id"] for i in api.get("/tool-calls", unreconciled="true").json()["items"]] == [
+        call_id
+    ]
+    body = {"outcome": "not_applied", "evidence": ""}
+    assert api.post(f"/tool-calls/{call_id}/reconciliation", body).status_code == 201
+    assert api.get("/tool-calls", unreconciled="true").json()["items"] == []
+    # without the filter a reconciled call is still listed, with its reconciliation
+    (listed,) = api.get("/tool-calls", phase="indeterminate").json()["items"]
+    assert listed["reconciliations"][0]["outcome"] == "not_applied"
+
+
 def test_reconciling_a_call_that_is_not_indeterminate_is_422(api, awaiting):
     run = awaiting("approval")
     before = commit_count()

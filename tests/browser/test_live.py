@@ -23,6 +23,7 @@ def delta(run_id: str, step: int, attempt: int, text: str = "", **extra) -> dict
         "run_id": run_id,
         "step": step,
         "attempt": attempt,
+        "claim": extra.pop("claim", 1),
         "kind": extra.pop("kind", "text"),
         "text": text,
         "index": extra.pop("index", 0),
@@ -62,18 +63,10 @@ def test_deltas_stream_unconfirmed_and_failed_attempts_are_dropped(stack, page, 
     expect(tools).to_contain_text('{"key": "payment-7"}')
     page.screenshot(path=str(stack_shot("live-streaming")), full_page=True)
 
-    # a commit notice clears the live text and refreshes the committed panels
+    # a new commit's notice clears the live text and refreshes the committed panels
+    off_loop(lambda: RunDriver(run_id).text_step("Fresh start again"))
     version = off_loop(lambda: RunDriver(run_id).view.version)
-    send_live(
-        group,
-        {
-            "type": "run.commit",
-            "run_id": run_id,
-            "thread_id": "t",
-            "seq": version,
-            "state": "running",
-        },
-    )
+    send_live(group, commit_notice(run_id, version))
     expect(live).to_be_hidden()
     expect(tools).to_be_empty()
     expect(page.locator("#live-step")).to_contain_text(f"Commit #{version} landed")
@@ -104,10 +97,91 @@ def test_reconnect_shows_committed_state_first(stack, page, sign_in):
 
     # on reconnect: the committed state is fetched, the stale live text is gone
     expect(status).to_have_text("Live: connected.", timeout=20_000)
-    expect(page.locator("#committed")).to_contain_text("ActiveToolBatch (open)")
+    expect(page.locator("#committed")).to_contain_text("open batch")
     expect(page.locator("#committed .messages")).to_contain_text("half a sentence, finished")
     expect(page.locator("#live-text")).to_be_hidden()
     assert page.evaluate("window.__notReloaded") is True
+    # nothing was sent by the operator, so nothing claims an action was lost
+    expect(page.locator("#flash")).not_to_contain_text("not sent")
+
+
+def open_run_page(stack, page, sign_in) -> tuple[str, str]:
+    run_id = off_loop(operations.start_run, agent="demo", input="hi", actor="olga")
+    sign_in(page)
+    page.goto(f"{stack.base_url}/runs/{run_id}/")
+    expect(page.locator("#live [data-live-status]")).to_have_text("Live: connected.")
+    return run_id, run_group(run_id)
+
+
+def commit_notice(run_id: str, seq: int) -> dict:
+    return {
+        "type": "run.commit",
+        "run_id": run_id,
+        "thread_id": "t",
+        "seq": seq,
+        "state": "running",
+    }
+
+
+def test_a_repeated_commit_notice_does_not_reset_the_stream(stack, page, sign_in):
+    run_id, group = open_run_page(stack, page, sign_in)
+    version = off_loop(lambda: RunDriver(run_id).view.version)
+    send_live(group, delta(run_id, 1, 1, "The opening words, "))
+    send_live(group, delta(run_id, 1, 1, kind="tool_call", name="ledger_once", call_id="c1"))
+    send_live(group, delta(run_id, 1, 1, '{"key": "p-1", ', kind="tool_call"))
+    # The log watcher's late notice of a commit the page already shows: no reset.
+    send_live(group, commit_notice(run_id, version))
+    send_live(group, delta(run_id, 1, 1, "then the rest."))
+    send_live(group, delta(run_id, 1, 1, '"rounds": 3}', kind="tool_call"))
+    live = page.locator("#live-text")
+    expect(live).to_have_text("The opening words, then the rest.")
+    tools = page.locator("#live-tools")
+    expect(tools).to_contain_text("#0 ledger_once")
+    expect(tools).to_contain_text('{"key": "p-1", "rounds": 3}')
+    expect(page.locator("#live-step")).not_to_contain_text("Commit #")
+
+
+def test_stream_interrupted_then_a_new_claim_starts_afresh(stack, page, sign_in):
+    run_id, group = open_run_page(stack, page, sign_in)
+    send_live(group, delta(run_id, 1, 1, "The dead worker's half sentence", claim=1))
+    live = page.locator("#live-text")
+    expect(live).to_have_text("The dead worker's half sentence")
+    # no more deltas: the panel says so instead of looking alive
+    expect(page.locator("#live-step")).to_contain_text("Stream interrupted", timeout=20_000)
+    # another worker claims the run and streams the same step and attempt again
+    send_live(group, delta(run_id, 1, 1, "A fresh start", claim=2))
+    expect(live).to_have_text("A fresh start")
+    expect(page.locator("#live-step")).to_contain_text("Another worker took over")
+    expect(page.locator("#live-step")).not_to_contain_text("interrupted")
+
+
+def test_the_live_text_follows_its_tail_unless_scrolled_up(stack, page, sign_in):
+    run_id, group = open_run_page(stack, page, sign_in)
+    live = page.locator("#live-text")
+    for i in range(60):
+        send_live(group, delta(run_id, 1, 1, f"line {i}\n"))
+    expect(live).to_contain_text("line 59")
+    at_bottom = "el => el.scrollHeight - el.scrollTop - el.clientHeight < 8"
+    assert live.evaluate("el => el.scrollHeight > el.clientHeight")  # it overflows
+    assert live.evaluate(at_bottom)
+    live.evaluate("el => { el.scrollTop = 0; }")
+    send_live(group, delta(run_id, 1, 1, "line 60\n"))
+    expect(live).to_contain_text("line 60")
+    assert live.evaluate("el => el.scrollTop") == 0  # the operator reads on undisturbed
+    live.evaluate("el => { el.scrollTop = el.scrollHeight; }")
+    send_live(group, delta(run_id, 1, 1, "line 61\n"))
+    expect(live).to_contain_text("line 61")
+    assert live.evaluate(at_bottom)
+
+
+def test_an_ended_run_does_not_say_connected(stack, page, sign_in):
+    run_id = off_loop(operations.start_run, agent="demo", input="hi", actor="olga")
+    off_loop(lambda: RunDriver(run_id).text_step("All done.", end=True))
+    sign_in(page)
+    page.goto(f"{stack.base_url}/runs/{run_id}/")
+    status = page.locator("#live [data-live-status]")
+    expect(status).to_have_text("The run has ended: nothing more will stream.")
+    expect(page.locator("#committed")).to_contain_text("All done.")
 
 
 def stack_shot(name: str):

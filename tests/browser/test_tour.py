@@ -15,6 +15,7 @@ import pytest
 from playwright.sync_api import expect
 
 from runtime import operations
+from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.live import run_group
 from runtime.models import LateEvidence
 from tests.browser.conftest import DOCS, RESULTS, off_loop, send_live
@@ -165,10 +166,14 @@ def test_tour_of_every_page(stack, page, browser, sign_in):
 
     # keyboard: the approve button is reachable with Tab and works with Enter
     page.goto(base + "/inbox/")
-    approve = page.locator(f"#ticket-{ids['approval_ticket']} button:has-text('Approve')")
+    approve = page.locator(f"#ticket-{ids['approval_ticket']}").get_by_role(
+        "button", name="Approve", exact=True
+    )
     approve.focus()
     page.keyboard.press("Enter")
-    expect(page.locator("#flash")).to_contain_text("Approved by olga")
+    expect(page.locator(f"#ticket-{ids['approval_ticket']} [data-outcome]")).to_contain_text(
+        "Approved by olga"
+    )
 
     phone = browser.new_context(
         viewport=PHONE, is_mobile=True, has_touch=True, device_scale_factor=2
@@ -182,3 +187,106 @@ def test_tour_of_every_page(stack, page, browser, sign_in):
         assert width <= PHONE["width"], f"{path} scrolls sideways on a phone ({width}px)"
         mobile.screenshot(path=str(shots / f"phone-{name}.png"), full_page=True)
     phone.close()
+
+
+SCREEN = 900  # px: the desktop viewport's height
+
+
+def seed_at_scale() -> dict[str, str]:
+    """40 open approvals over three tools, some decisions for the audit page, and a long run
+    of 25 finalized batches of 4 calls (100 calls)."""
+    ids: dict[str, str] = {}
+    tools = ("ledger_approval", "ledger_approval", "ledger_once", "ledger_replay")
+    for i in range(40):
+        gated = RunDriver(
+            operations.start_run(
+                agent="demo", input=f"Pay supplier invoice INV-{1000 + i}.", actor="olga"
+            )
+        )
+        (call,) = gated.open_batch(
+            {"name": tools[i % 4], "arguments": {"key": f"INV-{1000 + i}"}, "permission": "ask"},
+            text=f"Invoice INV-{1000 + i} is due; paying it needs an approval.",
+        )
+        ticket_id = gated.await_ticket(call)
+        if i < 4:  # decisions for the audit page
+            decision = Decision.APPROVE if i % 2 else Decision.DENY
+            operations.resume(
+                gated.run_id,
+                ResumeCommand(
+                    ticket_id=ticket_id,
+                    kind=TicketKind.APPROVAL,
+                    decision=decision,
+                    reason="matches the purchase order" if i % 2 else "duplicate invoice",
+                ),
+                actor="abe" if i % 2 else "olga",
+            )
+    cancelled = RunDriver(operations.start_run(agent="demo", input="Record x.", actor="olga"))
+    operations.cancel(cancelled.run_id, actor="olga", reason="wrong customer")
+
+    long = RunDriver(
+        operations.start_run(agent="demo", input="Reconcile the March ledger.", actor="olga")
+    )
+    for step in range(25):
+        calls = long.open_batch(
+            *[
+                {"name": "ledger_replay", "arguments": {"key": f"M-{step}-{n}"}, "policy": "replay"}
+                for n in range(4)
+            ],
+            text=f"Batch {step + 1} of 25.",
+        )
+        for call in calls:
+            long.execute(call, worker="host-a:4121")
+            long.complete(call, json.dumps({"recorded": call.arguments["key"]}))
+        long.finalize()
+    ids["long"] = long.run_id
+    return ids
+
+
+def test_tour_at_scale_light_and_dark(stack, page, browser, sign_in):
+    ids = off_loop(seed_at_scale)
+    shots = out_dir()
+    base = stack.base_url
+    sign_in(page)
+
+    page.goto(base + "/inbox/")
+    expect(page.get_by_test_id("open-count")).to_have_text("36")
+    expect(page.locator("#tickets .ticket-card")).to_have_count(25)  # one keyset page
+    page.screenshot(path=str(shots / "inbox-scale.png"))
+
+    page.goto(base + "/audit/")
+    expect(page.locator("table.audit tbody tr")).to_have_count(5)
+    page.screenshot(path=str(shots / "audit.png"), full_page=True)
+
+    page.goto(f"{base}/runs/{ids['long']}/")
+    expect(page.locator("details.batch")).to_have_count(25)
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height < 5 * SCREEN, f"a run of 100 calls is {height}px before expanding anything"
+    page.screenshot(path=str(shots / "run-long.png"), full_page=True)
+
+    dark = browser.new_context(viewport={"width": 1280, "height": SCREEN}, color_scheme="dark")
+    phone_dark = browser.new_context(
+        viewport=PHONE, is_mobile=True, has_touch=True, device_scale_factor=2, color_scheme="dark"
+    )
+    phone = browser.new_context(
+        viewport=PHONE, is_mobile=True, has_touch=True, device_scale_factor=2
+    )
+    try:
+        for context, suffix in ((dark, "-dark"), (phone, ""), (phone_dark, "-dark")):
+            context.add_cookies(page.context.cookies())
+            other = context.new_page()
+            prefix = "phone-" if context is not dark else ""
+            for name, path in (
+                ("inbox-scale", "/inbox/"),
+                ("audit", "/audit/"),
+                ("run-long", f"/runs/{ids['long']}/"),
+                ("runs", "/"),
+            ):
+                other.goto(base + path)
+                expect(other.locator("main h1")).to_be_visible()
+                if prefix:
+                    width = other.evaluate("document.documentElement.scrollWidth")
+                    assert width <= PHONE["width"], f"{path} scrolls sideways ({width}px)"
+                other.screenshot(path=str(shots / f"{prefix}{name}{suffix}.png"))
+    finally:
+        for context in (dark, phone, phone_dark):
+            context.close()

@@ -11,8 +11,9 @@ from typing import Any
 
 from runtime import operations
 from runtime.coordinator import commit, read_head, read_run
-from runtime.domain.commit import CommitDraft
+from runtime.domain.commit import CommitDraft, publication
 from runtime.domain.events import (
+    BatchFinalized,
     BatchOpened,
     CallAwaiting,
     CallCompleted,
@@ -139,6 +140,16 @@ class RunDriver:
     def complete(self, call: ToolCall, result: str) -> None:
         self._commit(
             Disposition.running(), events=(CallCompleted(call_id=call.call_id, result=result),)
+        )
+
+    def finalize(self) -> None:
+        """Publish the open batch's results and finalize it (every call must be terminal)."""
+        batch = self.view.open_batch
+        assert batch is not None
+        self._commit(
+            Disposition.running(),
+            events=(BatchFinalized(step=batch.step),),
+            messages=publication(batch),
         )
 
     def fail(self, reason: str = "the worker was lost") -> None:

@@ -79,6 +79,7 @@ async def test_committed_state_first_then_deltas_and_commits(users, awaiting):
         "state": "awaiting",
         "end_cause": None,
         "step": 1,
+        "stream": None,
     }
     layer = get_channel_layer()
     await layer.group_send(
@@ -99,6 +100,7 @@ async def test_committed_state_first_then_deltas_and_commits(users, awaiting):
         "event": "delta",
         "step": 2,
         "attempt": 1,
+        "claim": None,
         "kind": "text",
         "text": "<b>hi</b>",
         "index": 0,
@@ -250,6 +252,10 @@ async def test_a_commit_the_layer_never_carried_still_reaches_viewers(users, app
         )
         seen = await comm.receive_json_from(timeout=3)
         assert (seen["event"], seen["run_id"]) == ("commit", run.run_id)
+        # Like a real notice, it names the commit, so a page that saw it ignores it (a
+        # notice without seq once reset the live panel: issue 11, defect 3).
+        version = await sync_to_async(lambda: run.view.version)()
+        assert (seen["seq"], seen["state"]) == (version, "running")
         assert (await runs.receive_json_from(timeout=3))["event"] == "commit"
     finally:
         from runtime.apps import forward_commits
@@ -257,3 +263,19 @@ async def test_a_commit_the_layer_never_carried_still_reaches_viewers(users, app
         commit_announced.connect(forward_commits, weak=False, dispatch_uid="runtime.live.forward")
     await comm.disconnect()
     await runs.disconnect()
+
+
+async def test_hello_carries_the_in_flight_steps_text_so_far(users, new_run):
+    # A viewer who opens the page after the stream began still sees its opening words: the
+    # worker's checkpoint of the step being inferred rides in the hello (unconfirmed).
+    from runtime.models import StreamCheckpoint
+
+    run = await sync_to_async(new_run)()
+    await sync_to_async(StreamCheckpoint.objects.create)(
+        run_id=run.run_id, step=1, attempt=1, text="The opening words"
+    )
+    comm = communicator(f"/ws/runs/{run.run_id}/", users["viewer"])
+    assert (await comm.connect())[0]
+    hello = await comm.receive_json_from()
+    assert hello["stream"] == {"step": 1, "attempt": 1, "text": "The opening words"}
+    await comm.disconnect()

@@ -120,13 +120,13 @@ def test_run_page_shows_committed_state(operator, approval_run):
     html = response.content.decode()
     assert response.status_code == 200
     view = run.view
-    assert "Committed state" in html and "from the latest commit" in html
+    assert "Committed state" in html and "as of commit #" in html
     assert f'data-testid="run-version">{view.version}<' in html
     assert 'data-testid="run-state">awaiting' in html
     call = run.calls[0]
     assert call.operation_id in html
     assert "Pinned policy" in html and ">indeterminate<" in html
-    assert "ActiveToolBatch (open)" in html
+    assert "open batch" in html
     assert "phase-awaiting" in html
     assert "Let me record that." in html  # committed assistant message
     assert "invoice-42" in html

@@ -188,7 +188,7 @@ def test_second_answer_is_told_who_answered_and_when(client_for, approval_run):
     assert late.status_code == 409
     ticket = Ticket.objects.get(id=ticket_id)
     stamp = ticket.closed_at.strftime("%Y-%m-%d %H:%M:%S UTC")
-    assert f"Already answered (approve) by first at {stamp}." in late.content.decode()
+    assert f"Already answered: approved by first at {stamp}." in late.content.decode()
     assert b'value="deny"' not in late.content  # the forms are gone
     assert ThreadCommit.objects.count() == commits
 
@@ -208,7 +208,7 @@ def test_a_repeated_submit_gets_the_first_answer(approver, approval_run):
     commits = ThreadCommit.objects.count()
     # the ticket is consumed, so the view says so without asking the runtime again
     again = answer(approver, ticket_id, decision="approve", key=key)
-    assert again.status_code == 409 and b"Already answered (approve) by abe" in again.content
+    assert again.status_code == 409 and b"Already answered: approved by abe" in again.content
     assert ThreadCommit.objects.count() == commits
 
 
@@ -241,7 +241,7 @@ def test_ticket_page_of_a_closed_ticket(viewer, approver, approval_run):
     _, ticket_id = approval_run
     answer(approver, ticket_id, decision="approve")
     html = viewer.get(reverse("console:ticket", args=[ticket_id])).content.decode()
-    assert "Already answered (approve) by abe" in html
+    assert "Already answered: approved by abe" in html
 
 
 def test_unknown_ticket_404(approver):

@@ -240,7 +240,7 @@ def legal_logs(draw, *, prefix: str = "h", max_moves: int = 30) -> Scenario:  # 
             shadow.state, shadow.ticket, shadow.ticket_kind = RunState.AWAITING, ticket_id, kind
         elif move.startswith("resume:"):
             decision = Decision(move.removeprefix("resume:"))
-            answer = {"answer": 42} if decision is Decision.INPUT else None
+            answer = {"answer": 42} if decision in (Decision.INPUT, Decision.RESPOND) else None
             log.apply(drafts.resume(head, view, decision, input=answer, reason="no"))
             waiting = next(c for c in shadow.open_batch or [] if c.ticket_id == shadow.ticket)
             if decision is Decision.APPROVE:

@@ -1,0 +1,182 @@
+"""The audit page: every operator decision (approve, deny, input, cancel, reconcile), newest
+first, filterable by actor, decision, agent, run and time, with the notes each carried.
+
+Decisions come from the committed projections, never from a separate audit table: answered
+tickets (``Ticket``, their notes from the closing commit), reconciliations
+(``ReconciliationRecord``) and cancellations (the ``ThreadCommit`` that ended a run
+``cancelled``). Each source is queried with the filters and cut to one page, then merged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import forms
+from django.db.models import F, QuerySet
+from django.http import HttpResponse
+from django.utils import timezone
+
+from console.models import READ
+from console.views.common import HtmxHttpRequest, needs, render_page
+from console.views.tickets import attach_notes
+from runtime.agents import registry
+from runtime.models import ReconciliationRecord, ThreadCommit, Ticket
+
+PAGE = 100
+DECISIONS = ("approve", "deny", "input", "respond", "cancel", "reconcile")
+
+
+class AuditFilterForm(forms.Form):
+    actor = forms.CharField(required=False, max_length=200)
+    decision = forms.ChoiceField(
+        required=False, choices=[("", "any decision")] + [(d, d) for d in DECISIONS]
+    )
+    agent = forms.CharField(required=False, max_length=100)
+    run = forms.CharField(required=False, max_length=32)
+    within = forms.TypedChoiceField(
+        required=False,
+        label="Time",
+        coerce=int,
+        empty_value=None,
+        choices=[
+            ("", "any time"),
+            ("60", "last hour"),
+            ("1440", "last day"),
+            ("10080", "last week"),
+        ],
+    )
+    before = forms.DateTimeField(required=False, widget=forms.HiddenInput)
+
+
+@dataclass
+class Entry:
+    """One decision: when, who, what, on which run and call, with its note."""
+
+    at: datetime
+    actor: str
+    decision: str
+    run_id: str
+    agent: str
+    what: str
+    note: str
+    seq: int | None
+
+
+def _window(rows: QuerySet[Any], field: str, data: dict[str, Any]) -> QuerySet[Any]:
+    if data.get("within"):
+        rows = rows.filter(**{f"{field}__gte": timezone.now() - timedelta(minutes=data["within"])})
+    if data.get("before"):
+        rows = rows.filter(**{f"{field}__lt": data["before"]})
+    return rows
+
+
+def _answers(data: dict[str, Any]) -> list[Entry]:
+    rows = Ticket.objects.filter(state="consumed").select_related("call", "run")
+    if data.get("decision") in ("approve", "deny", "input", "respond"):
+        rows = rows.filter(decision=data["decision"])
+    elif data.get("decision"):
+        return []
+    if data.get("actor"):
+        rows = rows.filter(closed_by=data["actor"])
+    if data.get("agent"):
+        rows = rows.filter(run__agent=data["agent"])
+    if data.get("run"):
+        rows = rows.filter(run_id=data["run"])
+    page = attach_notes(
+        list(_window(rows, "closed_at", data).defer("run__snapshot").order_by("-closed_at")[:PAGE])
+    )
+    return [
+        Entry(
+            t.closed_at,
+            t.closed_by,
+            t.decision,
+            t.run_id,
+            t.run.agent,
+            f"#{t.call.index} {t.call.name} ({t.kind} ticket)",
+            t.note,
+            t.closed_seq,
+        )
+        for t in page
+    ]
+
+
+def _reconciliations(data: dict[str, Any]) -> list[Entry]:
+    if data.get("decision") not in ("", None, "reconcile"):
+        return []
+    rows = ReconciliationRecord.objects.select_related("call", "call__run")
+    if data.get("actor"):
+        rows = rows.filter(actor=data["actor"])
+    if data.get("agent"):
+        rows = rows.filter(call__run__agent=data["agent"])
+    if data.get("run"):
+        rows = rows.filter(call__run_id=data["run"])
+    page = _window(rows, "created_at", data).defer("call__run__snapshot").order_by("-created_at")
+    return [
+        Entry(
+            r.created_at,
+            r.actor,
+            "reconcile",
+            r.call.run_id,
+            r.call.run.agent,
+            f"#{r.call.index} {r.call.name}: {r.outcome.replace('_', ' ')}",
+            r.evidence,
+            r.seq,
+        )
+        for r in page[:PAGE]
+    ]
+
+
+def _cancels(data: dict[str, Any]) -> list[Entry]:
+    if data.get("decision") not in ("", None, "cancel"):
+        return []
+    # The commit that ended the run is its last one (seq == the run's version).
+    rows = ThreadCommit.objects.filter(run__end_cause="cancelled", seq=F("run__version"))
+    if data.get("actor"):
+        rows = rows.filter(actor=data["actor"])
+    if data.get("agent"):
+        rows = rows.filter(run__agent=data["agent"])
+    if data.get("run"):
+        rows = rows.filter(run_id=data["run"])
+    page = _window(rows, "created_at", data).select_related("run").defer("run__snapshot")
+    return [
+        Entry(
+            c.created_at,
+            c.actor,
+            "cancel",
+            c.run_id,
+            c.run.agent,
+            "run cancelled",
+            str(((c.disposition or {}).get("error") or {}).get("reason", "")),
+            c.seq,
+        )
+        for c in page.order_by("-created_at")[:PAGE]
+    ]
+
+
+@needs(READ)
+def audit(request: HtmxHttpRequest) -> HttpResponse:
+    """Every decision, newest first, a page of 100; ``before`` pages to older ones."""
+    form = AuditFilterForm(request.GET)
+    form.is_valid()
+    data = form.cleaned_data
+    entries = sorted(
+        _answers(data) + _reconciliations(data) + _cancels(data),
+        key=lambda e: e.at,
+        reverse=True,
+    )[:PAGE]
+    params = request.GET.copy()
+    params.pop("before", None)
+    older = None
+    if len(entries) == PAGE:
+        older = params.copy()
+        older["before"] = entries[-1].at.isoformat()
+    context = {
+        "form": form,
+        "entries": entries,
+        "agents": sorted(registry()),
+        "older_query": older.urlencode() if older else None,
+        "filtered": any(v for k, v in data.items() if k != "before"),
+    }
+    return render_page(request, "console/audit.html", context)

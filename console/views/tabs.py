@@ -1,0 +1,44 @@
+"""The main navigation's live counts: open tickets (Inbox) and unreconciled calls (Reconcile).
+
+Both are COUNTs on partial indexes (``ticket_open_oldest``, ``call_indeterminate_started``),
+so they ride on every page; ``tab_count`` serves one count as a fragment that refreshes when
+a run commits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+
+from console.models import READ
+from console.views.common import needs
+from runtime.models import Ticket, ToolCallRecord
+
+TABS = ("inbox", "reconcile")
+
+
+def count(which: str) -> int:
+    """Open tickets (``inbox``) or Indeterminate calls still to reconcile (``reconcile``)."""
+    if which == "inbox":
+        return Ticket.objects.filter(state="open").count()
+    return ToolCallRecord.objects.filter(
+        phase="indeterminate", effect_may_have_started=True, reconciliations__isnull=True
+    ).count()
+
+
+def tab_counts(request: HttpRequest) -> dict[str, Any]:
+    """Context processor: ``tab_counts`` for a signed-in reader, else nothing."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated or not user.has_perm(READ):
+        return {}
+    return {"tab_counts": {which: count(which) for which in TABS}}
+
+
+@needs(READ)
+def tab_count(request: HttpRequest, which: str) -> HttpResponse:
+    """One tab's count as the ``<span>`` the navigation shows."""
+    if which not in TABS:
+        raise Http404(f"no tab {which}")
+    return TemplateResponse(request, "console/tab_count.html", {"which": which, "n": count(which)})
