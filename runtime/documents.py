@@ -63,6 +63,7 @@ def call_document(call: ToolCallRecord, late: list[LateEvidence] | None = None) 
         "operation_id": call.operation_id,
         "policy": call.policy,
         "permission": call.permission,
+        "source": call.source,
         "approved": call.approved,
         "result": call.result,
         "is_error": call.is_error,
