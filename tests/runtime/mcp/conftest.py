@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
-from contextlib import closing
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
