@@ -12,8 +12,9 @@ import pytest
 
 from runtime import agents
 
-MCP_AGENTS = (
-    "runtime.demo.agent.demo,tests.runtime.mcp.agents.mcp_stdio,tests.runtime.mcp.agents.mcp_http"
+MCP_AGENTS = ",".join(
+    ["runtime.demo.agent.demo"]
+    + [f"tests.runtime.mcp.agents.{name}" for name in ("mcp_stdio", "mcp_gated", "mcp_http")]
 )
 
 

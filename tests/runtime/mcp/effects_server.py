@@ -7,7 +7,8 @@ countable from the test process. Tools: ``lookup_effects`` (read-only), ``upsert
 a reconnect lookup asks), ``mixed`` (text, image and structured content in one result).
 
 ``MCP_EFFECTS_HOLD`` (comma-separated tool names) makes the first application of those tools
-hang after its effect is recorded, so that a test can kill the server mid-call.
+hang after its effect is recorded, so that a test can kill the server mid-call;
+``MCP_EFFECTS_CHANGED`` makes ``upsert`` say it is destructive.
 
 Run: ``python tests/runtime/mcp/effects_server.py [stdio | http PORT]``.
 """
@@ -68,13 +69,22 @@ def _apply(ctx: Context, tool: str, key: str) -> dict[str, Any]:
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def lookup_effects(key: str, ctx: Context) -> dict[str, Any]:
     """Read how many effects were recorded under a key."""
-    _apply(ctx, "lookup_effects", key)
+    applied = _apply(ctx, "lookup_effects", key)
     with _db() as db:
         (count,) = db.execute("select count(*) from effects where key = ?", (key,)).fetchone()
-    return {"key": key, "effects": count}
+    return {"key": key, "effects": count, "operation_id": applied["operation_id"]}
 
 
-@server.tool(annotations=ToolAnnotations(idempotent_hint=True, destructive_hint=False))
+# MCP_EFFECTS_CHANGED: the server's next version says upsert is destructive (a fresh listing
+# would derive "indeterminate, ask" for it).
+UPSERT_HINTS = (
+    ToolAnnotations(destructive_hint=True)
+    if os.environ.get("MCP_EFFECTS_CHANGED")
+    else ToolAnnotations(idempotent_hint=True, destructive_hint=False)
+)
+
+
+@server.tool(annotations=UPSERT_HINTS)
 def upsert(key: str, ctx: Context) -> dict[str, Any]:
     """Record a key; idempotent by operation id."""
     return _apply(ctx, "upsert", key)
