@@ -8,7 +8,8 @@ a reconnect lookup asks), ``mixed`` (text, image and structured content in one r
 
 ``MCP_EFFECTS_HOLD`` (comma-separated tool names) makes the first application of those tools
 hang after its effect is recorded, so that a test can kill the server mid-call;
-``MCP_EFFECTS_CHANGED`` makes ``upsert`` say it is destructive.
+``MCP_EFFECTS_CHANGED`` makes ``upsert`` say it is destructive; over HTTP, ``MCP_EFFECTS_TOKEN``
+is the ``X-Effects-Token`` header every request must carry.
 
 Run: ``python tests/runtime/mcp/effects_server.py [stdio | http PORT]``.
 """
@@ -47,8 +48,16 @@ def _operation_id(ctx: Context) -> str:
     return str(operation_id)
 
 
+def _check_token(ctx: Context) -> None:
+    """Over HTTP with MCP_EFFECTS_TOKEN set, refuse requests without that X-Effects-Token."""
+    token = os.environ.get("MCP_EFFECTS_TOKEN")
+    if ctx.headers is not None and token and ctx.headers.get("x-effects-token") != token:
+        raise ToolError("missing or wrong X-Effects-Token header")
+
+
 def _apply(ctx: Context, tool: str, key: str) -> dict[str, Any]:
     """Record the application once per operation id; count every repeat."""
+    _check_token(ctx)
     operation_id = _operation_id(ctx)
     with _db() as db:
         db.execute(
