@@ -12,9 +12,17 @@ import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+)
 
 from runtime.domain.model import Permission, RecoveryPolicy
 from runtime.errors import McpServerUnavailable
@@ -136,7 +144,18 @@ class _Http(_Common):
     headers_env: dict[str, str] = {}
 
 
-_SERVERS = TypeAdapter(list[_Stdio | _Http])
+def _kind(item: Any) -> str:
+    return "http" if isinstance(item, dict) and "url" in item else "stdio"
+
+
+# An object with a "url" is an HTTP server, any other a stdio one (so errors name its fields).
+_SERVERS = TypeAdapter(
+    list[
+        Annotated[
+            Annotated[_Stdio, Tag("stdio")] | Annotated[_Http, Tag("http")], Discriminator(_kind)
+        ]
+    ]
+)
 
 
 def parse_servers(data: Any) -> tuple[ServerConfig, ...]:

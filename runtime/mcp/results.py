@@ -31,7 +31,10 @@ def _same_json(text: str, value: Any) -> bool:
 
 
 def _size(data: str | None) -> str:
-    return f"{len(data or '') * 3 // 4} bytes" if data is not None else "no data"
+    """The decoded size of base64 ``data``, without decoding it."""
+    if data is None:
+        return "no data"
+    return f"{len(data) * 3 // 4 - len(data) + len(data.rstrip('='))} bytes"
 
 
 def _block(block: Any) -> str:
