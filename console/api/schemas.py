@@ -187,6 +187,12 @@ class CallOut(Schema):
     operation_id: str = Field(description="pass downstream to check or deduplicate the effect")
     policy: PolicyName
     permission: PermissionName
+    source: dict[str, Any] = Field(
+        default_factory=lambda: {"kind": "python"},
+        description='where the tool came from, pinned with the batch: {"kind": "python"} or '
+        '{"kind": "mcp", "server", "tool", "transport", "target", "server_info", '
+        '"input_schema", "annotations", "lookup"}',
+    )
     approved: bool
     result: str | None = None
     is_error: bool
