@@ -237,6 +237,11 @@ class RunOut(Schema):
     ticket: TicketOut | None = Field(None, description="the open ticket, if any")
     batches: list[BatchOut]
     active_batch: BatchOut | None = Field(None, description="the open (unfinalized) batch")
+    mcp_servers: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description='MCP servers the calls used: [{"server", "transport", "target", '
+        '"server_info", "tools"}]',
+    )
     messages: list[MessageOut]
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_by: str = ""

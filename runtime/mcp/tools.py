@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -225,21 +225,4 @@ def attached(agent: Agent) -> Iterator[Agent]:
         sessions.close()
 
 
-def servers_of(calls: Iterator[Mapping[str, Any]] | Any) -> list[dict[str, Any]]:
-    """The distinct MCP servers in the given call sources, in first-use order:
-    ``[{"server", "transport", "target", "server_info", "tools": [tool, ...]}]``."""
-    seen: dict[str, dict[str, Any]] = {}
-    for source in calls:
-        if not source or source.get("kind") != "mcp":
-            continue
-        entry = seen.setdefault(
-            source["server"],
-            {key: source.get(key) for key in ("server", "transport", "target", "server_info")}
-            | {"tools": []},
-        )
-        if source["tool"] not in entry["tools"]:
-            entry["tools"].append(source["tool"])
-    return list(seen.values())
-
-
-__all__ = ["ServerConfig", "attached", "pinned_tool", "servers_of"]
+__all__ = ["ServerConfig", "attached", "pinned_tool"]
