@@ -161,3 +161,35 @@ def test_exposed_names_are_safe_for_model_apis():
     assert exposed_name("files", "read") == "files__read"
     assert exposed_name("gh", "repos/get.file") == "gh__repos_get_file"
     assert len(exposed_name("s", "t" * 100)) == 64
+
+
+def test_a_pinned_call_is_not_sent_to_a_server_whose_identity_changed():
+    """The agent's server of that name now runs another command: the call's tool has no
+    connection, so the attempt's outcome stays unknown and the pinned policy decides."""
+    from runtime.domain.model import ToolCall
+    from runtime.mcp.sessions import Connection, ConnectionLost
+    from runtime.mcp.tools import pinned_tool
+    from runtime.tools import ToolContext
+
+    source = {"kind": "mcp", "server": "files", "tool": "read", "transport": "stdio"}
+    call = ToolCall(
+        call_id="c",
+        index=0,
+        tool_call_id="t",
+        name="files__read",
+        arguments={},
+        arguments_text="{}",
+        operation_id="op_1",
+        policy=R,
+        permission=ALLOW,
+        max_attempts=3,
+        source={**source, "target": "mcp-files --root /a", "input_schema": {"type": "object"}},
+    )
+    moved = Connection(StdioServer(name="files", command="mcp-files", args=("--root", "/b")), None)
+    tool = pinned_tool(call, moved)
+    assert (tool.policy, tool.max_attempts, tool.parameters) == (R, 3, {"type": "object"})
+    ctx = ToolContext(run_id="r", call_id="c", operation_id="op_1", attempt=2, worker_id="w")
+    with pytest.raises(ConnectionLost, match="no longer mcp-files --root /a"):
+        tool.run(ctx, {})
+    with pytest.raises(ConnectionLost, match="no MCP server 'files' any more"):
+        pinned_tool(call, None).run(ctx, {})
