@@ -92,11 +92,17 @@ class Connection:
         """Run ``job(client)`` on the session (reconnecting first if it died); return its
         value. Raises ConnectionLost when the session ends meanwhile, McpServerUnavailable
         when it cannot be reopened, and whatever the job raises."""
+        answer: Future[Any] = Future()
         with self.lock:
             if self.jobs is None:
                 self.open()
-            answer: Future[Any] = Future()
-            self.portal.call(self.jobs.send_nowait, (job, answer))
+            jobs = self.jobs  # the holder clears it, from the loop's thread, when it ends
+            try:
+                if jobs is None:
+                    raise anyio.ClosedResourceError
+                self.portal.call(jobs.send_nowait, (job, answer))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                raise ConnectionLost("the session ended before the request was sent") from None
         try:
             return answer.result(timeout=timeout)
         except FutureTimeout:

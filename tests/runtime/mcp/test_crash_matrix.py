@@ -24,6 +24,7 @@ from tests.runtime.support import (
     text_step,
     tool_step,
 )
+from tests.runtime.test_crash_matrix import CLEAN_POINTS, IN_FLIGHT
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -33,18 +34,11 @@ TOOLS = {  # offered name -> pinned policy
     "effects__delete": "indeterminate",
     "effects__fail": "replay",
 }
-CLEAN_POINTS = ("inference_streaming", "batch_committed", "call_completed", "batch_finalized")
-IN_FLIGHT = {  # (point, policy) -> (final phase, attempts committed, server applications)
-    ("executing_committed", "indeterminate"): ("indeterminate", 1, 0),
-    ("executing_committed", "reconnect"): ("completed", 2, 1),
-    ("executing_committed", "replay"): ("completed", 2, 1),
-    ("effect_applied", "indeterminate"): ("indeterminate", 1, 1),
-    ("effect_applied", "reconnect"): ("completed", 1, 1),
-    ("effect_applied", "replay"): ("completed", 2, 2),
-}
 
 
 def expected(point: str, policy: str) -> tuple[str, int, int]:
+    """(final phase, attempts committed, server applications): the same table as the demo
+    tools' crash matrix, counted on the MCP server."""
     return IN_FLIGHT.get((point, policy), ("completed", 1, 1))
 
 
