@@ -193,3 +193,12 @@ def test_a_pinned_call_is_not_sent_to_a_server_whose_identity_changed():
         tool.run(ctx, {})
     with pytest.raises(ConnectionLost, match="no MCP server 'files' any more"):
         pinned_tool(call, None).run(ctx, {})
+
+
+def test_the_assistant_takes_its_servers_from_the_settings(settings):
+    from runtime.demo.agent import assistant
+
+    settings.RUNTIME_MCP_SERVERS = [{"name": "files", "command": "mcp-files"}]
+    assert assistant().mcp_servers == (StdioServer(name="files", command="mcp-files"),)
+    settings.RUNTIME_MCP_SERVERS = []
+    assert assistant().mcp_servers == ()
