@@ -5,7 +5,8 @@ one private event loop in its own thread (an anyio blocking portal) and the sync
 concurrent futures. Each server's session is held open by one task that also runs that
 server's requests, one at a time, inside the session's scope: when the transport dies (a
 stdio server exits, an HTTP server drops the connection) the request in flight fails at once
-with ConnectionLost instead of waiting for its timeout. A later request reconnects.
+(ConnectionLost, or the SDK's "Connection closed" error) instead of waiting for its timeout,
+and the session ends. A later request reconnects.
 
 ``McpSessions.close()`` cancels the tasks, which ends every session and stops every stdio
 subprocess, then stops the loop: nothing outlives the claim.
@@ -123,6 +124,8 @@ class Connection:
                         answer.set_result(await job(client))
                     except Exception as exc:  # the server's answer, or a broken transport
                         answer.set_exception(exc)
+                        if _breaks_session(exc):
+                            break  # the next request starts a new session
                     current = None
         except BaseException as exc:
             lost = ConnectionLost(_describe(exc))
@@ -175,6 +178,15 @@ async def _listing(client: Any) -> Listing:
     info = client.server_info
     identity = {"name": info.name, "version": info.version} if info is not None else {}
     return Listing(server_info=identity, tools=tuple(tools))
+
+
+def _breaks_session(exc: Exception) -> bool:
+    """Whether the session is no use after ``exc``: the connection closed, a request timed
+    out (the server may hang), or an answer that is not the protocol's."""
+    from mcp import MCPError
+    from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+    return not isinstance(exc, MCPError) or exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT)
 
 
 def _fail_queued(receive: Any) -> None:

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from runtime.agents import Agent, registry
 from runtime.documents import run_document
@@ -16,7 +19,14 @@ from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.mcp import StdioServer
 from runtime.models import MessageRecord, Ticket
 from runtime.operations import resume
-from tests.runtime.support import assert_log_sound, calls, run_row, text_step, tool_step
+from tests.runtime.support import (
+    assert_log_sound,
+    calls,
+    run_row,
+    text_step,
+    tool_step,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -133,3 +143,43 @@ def test_a_server_that_cannot_start_fails_the_step_not_the_worker(
     )
     assert "gone" in run.error["message"] and "/nonexistent/mcp-server" in run.error["message"]
     assert (run_row(fine).state, run_row(fine).end_cause) == ("ended", "natural")
+
+
+@pytest.mark.parametrize(
+    ("tool", "expected"),
+    [
+        # replay: sent again with the same operation id to a freshly started server
+        ("effects__upsert", ("completed", 2, 2)),
+        # indeterminate: never sent again; the model is told to verify with the server
+        ("effects__delete", ("indeterminate", 1, 1)),
+    ],
+)
+def test_a_stdio_server_dying_mid_call(start, work_inline, effects, monkeypatch, tool, expected):
+    """The server applies the call, then hangs; the test kills it (the worker, driven here in a
+    thread, sees its session end). The call's pinned policy decides."""
+    monkeypatch.setenv("MCP_EFFECTS_HOLD", "upsert,delete")
+    run_id = start(tool_step((tool, {"key": "k"})), text_step(), agent="mcp_stdio")
+    working = threading.Thread(target=_work_then_close, args=(work_inline,))
+    working.start()
+    wait_for(lambda: calls(run_id) and effects.applied(calls(run_id)[0].operation_id) == 1)
+    (server,) = _servers_running()
+    os.kill(server, signal.SIGKILL)
+    working.join(60)
+    assert not working.is_alive()
+
+    (call,) = calls(run_id)
+    assert (call.phase, call.attempt, effects.applied(call.operation_id)) == expected
+    if call.phase == "indeterminate":
+        assert call.effect_may_have_started
+        assert "Connection closed" in call.result and call.operation_id in call.result
+        assert "MCP server 'effects' (tool 'delete')" in call.result
+    assert (run_row(run_id).state, run_row(run_id).end_cause) == ("ended", "natural")
+    assert _servers_running() == []
+    assert_log_sound(run_id)
+
+
+def _work_then_close(work_inline) -> None:
+    try:
+        work_inline()
+    finally:
+        connection.close()
