@@ -13,6 +13,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -100,7 +101,10 @@ class HttpServer:
 
     @property
     def target(self) -> str:
-        return self.url
+        """The URL without any user:password part (the target is pinned into the log)."""
+        parts = urlsplit(self.url)
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=host))
 
     def headers(self) -> dict[str, str]:
         """The headers' values from the environment; raise McpServerUnavailable when unset."""

@@ -125,6 +125,9 @@ def test_parse_servers():
     assert stdio == StdioServer(name="files", command="mcp-files", args=("--root", "/srv"))
     assert stdio.target == "mcp-files --root /srv"
     assert isinstance(http, HttpServer) and http.transport == "http"
+    assert HttpServer(name="t", url="https://u:pw@h.example:8/mcp?x=1").target == (
+        "https://h.example:8/mcp?x=1"
+    )
     assert http.tools["close"] == ToolOverride(policy=X, lookup="find", max_attempts=2)
 
 
