@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runtime', '0002_run_state_cause_index'),
+        ('runtime', '0003_hot_path'),
     ]
 
     operations = [
