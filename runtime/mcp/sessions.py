@@ -123,11 +123,14 @@ class Connection:
                     try:
                         answer.set_result(await job(client))
                     except Exception as exc:  # the server's answer, or a broken transport
-                        answer.set_exception(exc)
                         if _breaks_session(exc):
+                            self.jobs = None  # before the caller hears: it may retry at once
+                            answer.set_exception(exc)
                             break  # the next request starts a new session
+                        answer.set_exception(exc)
                     current = None
         except BaseException as exc:
+            self.jobs = None  # before the caller hears: it may retry at once
             lost = ConnectionLost(_describe(exc))
             for future in (ready, current):
                 if future is not None and not future.done():
