@@ -131,7 +131,9 @@ class Connection:
                     current = None
         except BaseException as exc:
             self.jobs = None  # before the caller hears: it may retry at once
-            lost = ConnectionLost(_describe(exc))
+            # A definition that cannot work (a header's variable unset) is not retried.
+            unusable = isinstance(exc, McpServerUnavailable)
+            lost = exc if unusable else ConnectionLost(_describe(exc))
             for future in (ready, current):
                 if future is not None and not future.done():
                     future.set_exception(lost)

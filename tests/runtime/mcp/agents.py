@@ -65,7 +65,7 @@ def mcp_http() -> Agent:
                 url=os.environ.get("MCP_EFFECTS_URL", "http://127.0.0.1:9/mcp"),
                 headers_env={"X-Effects-Token": "MCP_EFFECTS_TOKEN"},
                 tools=OVERRIDES,
-                connect_timeout=20,
+                connect_timeout=90,  # a restarted server may be slow on a loaded machine
                 call_timeout=60,
             ),
         ),

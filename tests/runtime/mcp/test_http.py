@@ -71,7 +71,11 @@ def http_server(effects, tmp_path: Path) -> Iterator[Callable[..., subprocess.Po
                 stderr=subprocess.STDOUT,
             )
         started.append(process)
-        wait_for(lambda: _accepts(port) or process.poll() is not None, what="the HTTP server")
+        wait_for(
+            lambda: _accepts(port) or process.poll() is not None,
+            timeout=90,
+            what="the HTTP server",
+        )
         assert process.poll() is None, "the MCP server did not start"
         return process
 
