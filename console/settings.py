@@ -7,6 +7,7 @@ names the variable.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -50,6 +51,23 @@ def env_number(name: str, default: float, *, minimum: float = 0, integer: bool =
     if value < minimum:
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {raw!r}")
     return value
+
+
+def env_mcp_servers(name: str) -> list:
+    """Read MCP server definitions: JSON text (a list), or the path of a JSON file holding
+    one; the shape is runtime.mcp.config.parse_servers'."""
+    from runtime.mcp.config import parse_servers
+
+    raw = (os.environ.get(name) or "").strip()
+    if not raw:
+        return []
+    try:
+        text = raw if raw.startswith("[") else Path(raw).read_text()
+        data = json.loads(text)
+        parse_servers(data)
+    except (OSError, ValueError) as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
+    return data
 
 
 def env_database(name: str, default: str) -> dict:
@@ -193,3 +211,5 @@ RUNTIME_POISON_DEATHS = env_number("RUNTIME_POISON_DEATHS", 20, minimum=1, integ
 RUNTIME_MODEL_RETRIES = env_number("RUNTIME_MODEL_RETRIES", 4, minimum=0, integer=True)
 RUNTIME_MODEL_BACKOFF_SECONDS = env_number("RUNTIME_MODEL_BACKOFF_SECONDS", 0.5, minimum=0)
 RUNTIME_IDLE_POLL_SECONDS = env_number("RUNTIME_IDLE_POLL_SECONDS", 0.5, minimum=0.01)
+# The `assistant` agent's MCP servers (docs/real-models.md).
+RUNTIME_MCP_SERVERS = env_mcp_servers("RUNTIME_MCP_SERVERS")

@@ -13,8 +13,9 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from runtime import conf
-from runtime.domain.model import Permission
+from runtime.domain.model import Permission, ToolCall
 from runtime.errors import UnknownAgent
+from runtime.mcp.config import ServerConfig
 from runtime.tools import Tool
 
 
@@ -38,7 +39,10 @@ class ProviderConfig:
 @dataclass(frozen=True)
 class Agent:
     """An agent definition. ``permissions`` overrides a tool's default permission by name;
-    ``plugins`` are objects with optional hook methods (see ``runtime.hooks``)."""
+    ``plugins`` are objects with optional hook methods (see ``runtime.hooks``);
+    ``mcp_servers`` are MCP servers whose tools the agent also offers (``runtime.mcp``).
+    ``mcp_connections`` holds the open sessions of one claim (set by ``runtime.mcp.attached``,
+    empty in a definition)."""
 
     name: str
     instructions: str
@@ -48,9 +52,20 @@ class Agent:
     permissions: Mapping[str, Permission] = field(default_factory=dict)
     plugins: tuple[Any, ...] = ()
     description: str = ""
+    mcp_servers: tuple[ServerConfig, ...] = ()
+    mcp_connections: Mapping[str, Any] = field(default_factory=dict)
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
+
+    def tool_for(self, call: ToolCall) -> Tool | None:
+        """The tool that executes ``call``: an MCP call's is rebuilt from what it pinned
+        (schema, server identity, policy), a Python call's is the agent's tool of its name."""
+        if call.source.get("kind") == "mcp":
+            from runtime.mcp.tools import pinned_tool
+
+            return pinned_tool(call, self.mcp_connections.get(call.source["server"]))
+        return self.tool(call.name)
 
     def permission_for(self, tool: Tool) -> Permission:
         return self.permissions.get(tool.name, tool.permission)

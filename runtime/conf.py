@@ -46,6 +46,14 @@ def idle_poll_seconds() -> float:
     return float(_get("RUNTIME_IDLE_POLL_SECONDS", 0.5))
 
 
+def mcp_servers() -> tuple:
+    """The ``assistant`` agent's MCP servers (RUNTIME_MCP_SERVERS, default none), as
+    runtime.mcp.config definitions."""
+    from runtime.mcp.config import parse_servers
+
+    return parse_servers(_get("RUNTIME_MCP_SERVERS", []))
+
+
 def model_retries() -> int:
     """Retryable inference failures tolerated per step before the run fails (default 4)."""
     return int(_get("RUNTIME_MODEL_RETRIES", 4))

@@ -346,6 +346,7 @@ def _call_record(run_id: str, batch: ToolBatch, call: ToolCall, now: datetime) -
         policy=call.policy.value,
         permission=call.permission.value,
         max_attempts=call.max_attempts,
+        source=call.source,
         phase=call.phase.value,
         attempt=call.attempt,
         approved=call.approved,

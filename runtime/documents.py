@@ -5,6 +5,7 @@ Built from the projections only (committed facts), in a fixed number of queries.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from runtime.errors import NotFound
@@ -63,6 +64,7 @@ def call_document(call: ToolCallRecord, late: list[LateEvidence] | None = None) 
         "operation_id": call.operation_id,
         "policy": call.policy,
         "permission": call.permission,
+        "source": call.source,
         "approved": call.approved,
         "result": call.result,
         "is_error": call.is_error,
@@ -70,6 +72,23 @@ def call_document(call: ToolCallRecord, late: list[LateEvidence] | None = None) 
         "updated_at": call.updated_at.isoformat() if call.updated_at else None,
         **late_documents(call, late or []),
     }
+
+
+def mcp_servers(sources: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The distinct MCP servers among pinned call sources, in first-use order:
+    ``[{"server", "transport", "target", "server_info", "tools": [tool name, ...]}]``."""
+    seen: dict[str, dict[str, Any]] = {}
+    for source in sources:
+        if source.get("kind") != "mcp":
+            continue
+        entry = seen.setdefault(
+            source["server"],
+            {key: source.get(key) for key in ("server", "transport", "target", "server_info")}
+            | {"tools": []},
+        )
+        if source["tool"] not in entry["tools"]:
+            entry["tools"].append(source["tool"])
+    return list(seen.values())
 
 
 def ticket_document(ticket: Ticket) -> dict[str, Any]:
@@ -91,7 +110,8 @@ def run_document(run_id: str) -> dict[str, Any]:
     """Return the committed state of a run as the contract's run document.
 
     Keys: id, thread_id, agent, state, end_cause, error, version, step, ticket (open ticket or
-    None), batches (with every call), messages (this run's committed messages), created_at,
+    None), batches (with every call, each with its pinned ``source``), mcp_servers (the MCP
+    servers the run's calls used), messages (this run's committed messages), created_at,
     committed_at. Raises NotFound for an unknown id.
     """
     run = Run.objects.defer("snapshot").filter(id=run_id).first()  # the document lists calls
@@ -120,6 +140,7 @@ def run_document(run_id: str) -> dict[str, Any]:
         "step": run.step,
         "ticket": ticket_document(ticket) if ticket else None,
         "batches": list(batches.values()),
+        "mcp_servers": mcp_servers(call.source for call in calls),
         "messages": [
             {
                 "role": m.role,

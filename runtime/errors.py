@@ -146,3 +146,10 @@ class ScriptRefused(RuntimeFault):
 
     code = "script_refused"
     status = 422
+
+
+class McpServerUnavailable(RuntimeFault):
+    """An MCP server of the agent could not be started or reached."""
+
+    code = "mcp_server_unavailable"
+    status = 503

@@ -15,6 +15,11 @@ from django.db import models
 from django.db.models import Q
 
 
+def python_source() -> dict[str, str]:
+    """The source of a call to a Python tool (and of calls logged before sources existed)."""
+    return {"kind": "python"}
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -146,6 +151,9 @@ class ToolCallRecord(models.Model):
     policy = models.CharField(max_length=16)
     permission = models.CharField(max_length=8)
     max_attempts = models.PositiveIntegerField(default=1)
+    # Where the tool came from, pinned with the batch: {"kind": "python"} or {"kind": "mcp",
+    # "server", "tool", ...} (runtime.domain.model.ToolCall.source).
+    source = models.JSONField(default=python_source)
     phase = models.CharField(max_length=16)
     attempt = models.PositiveIntegerField(default=0)
     approved = models.BooleanField(default=False)

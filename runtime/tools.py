@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -103,7 +103,8 @@ class Tool:
     ``fn(ctx, **arguments)`` returns any JSON-encodable value (a str is published as is).
     ``lookup(ctx)`` (reconnect tools) returns the earlier result for ``ctx.operation_id``, or
     None when the downstream system never saw it. ``input_wait`` makes the call open an input
-    ticket instead of running ``fn``.
+    ticket instead of running ``fn``. ``source`` says where the tool comes from (pinned into
+    each call): ``{"kind": "python"}`` here, ``{"kind": "mcp", ...}`` for ``runtime.mcp`` tools.
     """
 
     name: str
@@ -115,6 +116,7 @@ class Tool:
     max_attempts: int = 1
     lookup: Callable[[ToolContext], Any] | None = None
     input_wait: InputWait | None = None
+    source: Mapping[str, Any] = field(default_factory=lambda: {"kind": "python"})
 
     @cached_property
     def parameters(self) -> dict[str, Any]:

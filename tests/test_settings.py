@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from console.settings import VAR_DIR, env_bool, env_database, env_list
+from console.settings import VAR_DIR, env_bool, env_database, env_list, env_mcp_servers
 
 VAR = "RUNTIME_TEST_SETTINGS_VAR"
 
@@ -147,3 +149,40 @@ def test_pytest_django_loads_console_settings(settings):
         "django.db.backends.sqlite3",
         "django.db.backends.postgresql",
     }
+
+
+# --- env_mcp_servers -----------------------------------------------------------------------
+
+SERVERS = [{"name": "files", "command": "mcp-files", "args": ["--root", "/srv"]}]
+
+
+def test_env_mcp_servers_unset_is_none():
+    assert env_mcp_servers(VAR) == []
+
+
+def test_env_mcp_servers_from_json_text_or_a_file(monkeypatch, tmp_path):
+    monkeypatch.setenv(VAR, json.dumps(SERVERS))
+    assert env_mcp_servers(VAR) == SERVERS
+    path = tmp_path / "servers.json"
+    path.write_text(json.dumps(SERVERS))
+    monkeypatch.setenv(VAR, str(path))
+    assert env_mcp_servers(VAR) == SERVERS
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("[{", "Expecting"),
+        ('[{"name": "x"}]', "command"),
+        ("/no/such/servers.json", "No such file"),
+        (
+            '[{"name": "x", "url": "http://h/mcp", "tools": {"t": {"policy": "reconnect"}}}]',
+            "lookup",
+        ),
+    ],
+)
+def test_env_mcp_servers_refuses_naming_the_variable(monkeypatch, raw, problem):
+    monkeypatch.setenv(VAR, raw)
+    with pytest.raises(ImproperlyConfigured, match=VAR) as caught:
+        env_mcp_servers(VAR)
+    assert problem in str(caught.value)

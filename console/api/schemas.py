@@ -207,6 +207,12 @@ class CallOut(Schema):
     operation_id: str = Field(description="pass downstream to check or deduplicate the effect")
     policy: PolicyName
     permission: PermissionName
+    source: dict[str, Any] = Field(
+        default_factory=lambda: {"kind": "python"},
+        description='where the tool came from, pinned with the batch: {"kind": "python"} or '
+        '{"kind": "mcp", "server", "tool", "transport", "target", "server_info", '
+        '"input_schema", "annotations", "lookup"}',
+    )
     approved: bool
     result: str | None = None
     is_error: bool
@@ -260,6 +266,11 @@ class RunOut(Schema):
     ticket: TicketOut | None = Field(None, description="the open ticket, if any")
     batches: list[BatchOut]
     active_batch: BatchOut | None = Field(None, description="the open (unfinalized) batch")
+    mcp_servers: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description='MCP servers the calls used: [{"server", "transport", "target", '
+        '"server_info", "tools"}]',
+    )
     messages: list[MessageOut]
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_by: str = ""

@@ -12,6 +12,7 @@ from django.db import connection
 from django.utils import timezone
 from pydantic import Field
 
+from runtime import conf
 from runtime.agents import Agent, ProviderConfig
 from runtime.domain.model import Permission, RecoveryPolicy
 from runtime.models import LedgerEffect
@@ -118,7 +119,8 @@ def assistant() -> Agent:
     ``RUNTIME_MODEL_BASE_URL`` (default: a local Ollama at http://127.0.0.1:11434/v1),
     ``RUNTIME_MODEL`` (default "llama3.2"), ``RUNTIME_MODEL_API_KEY_ENV`` (the name of the
     variable holding the key, default "OPENAI_API_KEY" or "ANTHROPIC_API_KEY") and
-    ``RUNTIME_MODEL_TIMEOUT`` (seconds, default 60).
+    ``RUNTIME_MODEL_TIMEOUT`` (seconds, default 60); its MCP servers come from
+    ``RUNTIME_MCP_SERVERS`` (see ``runtime.mcp.config.parse_servers``).
     """
     kind = os.environ.get("RUNTIME_MODEL_PROVIDER", "openai")
     default_key = "ANTHROPIC_API_KEY" if kind == "anthropic" else "OPENAI_API_KEY"
@@ -136,4 +138,5 @@ def assistant() -> Agent:
             timeout=float(os.environ.get("RUNTIME_MODEL_TIMEOUT", "60")),
         ),
         step_limit=12,
+        mcp_servers=conf.mcp_servers(),
     )

@@ -161,7 +161,10 @@ class ToolCall:
     ``arguments_text`` keeps the raw text; ``attempt`` counts committed executor attempts.
     ``approved`` is set when a matching approval was committed and the call has not yet
     started executing. ``effect_may_have_started`` tells an Indeterminate call sealed from
-    Executing (needs reconciliation) from one sealed before any attempt.
+    Executing (needs reconciliation) from one sealed before any attempt. ``source`` is where
+    the tool came from, pinned with the batch: ``{"kind": "python"}`` or ``{"kind": "mcp",
+    "server", "tool", "transport", "target", "server_info", "input_schema", "annotations",
+    "lookup"}``; recovery uses it, never what the server lists later.
     """
 
     call_id: str
@@ -181,6 +184,7 @@ class ToolCall:
     result: str | None = None
     is_error: bool = False
     effect_may_have_started: bool = False
+    source: JSON = field(default_factory=lambda: {"kind": "python"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

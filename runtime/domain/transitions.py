@@ -110,6 +110,14 @@ def complete(call: ToolCall, result: str, *, is_error: bool) -> ToolCall:
     return replace(call, phase=C, result=result, is_error=is_error, approved=False)
 
 
+def _downstream(call: ToolCall) -> str:
+    """Who to ask about the call's operation id: its MCP server when it has one."""
+    source = call.source
+    if source.get("kind") == "mcp":
+        return f"MCP server {source['server']!r} (tool {source['tool']!r})"
+    return "the downstream system"
+
+
 def seal_indeterminate(call: ToolCall, reason: str) -> ToolCall:
     """Mark the call Indeterminate (terminal), publishing an explicit error for the model.
 
@@ -121,7 +129,7 @@ def seal_indeterminate(call: ToolCall, reason: str) -> ToolCall:
     if started:
         text = (
             f"Outcome unknown: this call may have taken effect ({reason}). "
-            f"Operation id {call.operation_id}. Verify with the downstream system before "
+            f"Operation id {call.operation_id}. Verify with {_downstream(call)} before "
             "retrying."
         )
     else:

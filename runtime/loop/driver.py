@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,11 +39,13 @@ from runtime.errors import (
     IllegalTransition,
     InvalidCommit,
     LeaseLost,
+    McpServerUnavailable,
     UnknownAgent,
     VersionConflict,
 )
 from runtime.loop import execute, gate, infer
 from runtime.loop.tools import ToolThread
+from runtime.mcp.tools import attached
 from runtime.models import LateEvidence, MessageRecord, Run
 
 log = logging.getLogger("runtime.loop")
@@ -101,6 +104,7 @@ class RunDriver:
         self.metadata: dict[str, Any] = {}
         self.messages: list[Message] | None = None  # the thread's committed messages
         self.staged: list[Staged] = []
+        self.claim = ExitStack()  # what lives as long as this claim: the MCP sessions
         if frontier is not None:
             self._hold(frontier.run, frontier.version)
             self.metadata = frontier.metadata
@@ -207,6 +211,7 @@ class RunDriver:
             self._drive()
             return self.committed
         finally:
+            self.claim.close()
             if self.owns_tools:
                 self.tools.close()
 
@@ -217,6 +222,13 @@ class RunDriver:
         try:
             agent = get_agent(self.run.agent)
         except UnknownAgent as exc:  # the deployment lost the agent: fail, do not loop
+            if self.run.state is RunState.RUNNING:
+                self.end(EndCause.FAILED, {"type": exc.code, "message": exc.message})
+            return
+        try:  # the agent's MCP tools are listed now and offered beside its own
+            agent = self.claim.enter_context(attached(agent))
+        except McpServerUnavailable as exc:  # fails the run's step, not the worker
+            log.warning("run %s: %s", self.run_id, exc.message)
             if self.run.state is RunState.RUNNING:
                 self.end(EndCause.FAILED, {"type": exc.code, "message": exc.message})
             return

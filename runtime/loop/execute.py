@@ -59,7 +59,7 @@ def execute(
     arguments: dict[str, Any] | None = None,
 ) -> None:
     """Commit Executing{attempt}, run the tool, stage its terminal result."""
-    tool = tool or agent.tool(call.name)
+    tool = tool or agent.tool_for(call)
     assert tool is not None  # a call without a tool never leaves Requested but by a block
     if arguments is None:
         arguments = tool.parse(call.arguments_text)
@@ -139,7 +139,7 @@ def recover(d: RunDriver, agent: Agent, call: ToolCall, cause: str | None = None
     """An Executing call without a result (found on a claim, or its attempt failed
     unclassified): the call's pinned ToolRecoveryPolicy decides."""
     decision = rec.executing_decision(call)
-    tool = agent.tool(call.name)
+    tool = agent.tool_for(call)
     if isinstance(decision, rec.Lookup):
         found = tool.lookup(context(d, call, call.attempt)) if tool and tool.lookup else None
         if found is not None:

@@ -36,7 +36,7 @@ def block(d: RunDriver, call: ToolCall, reason: str) -> None:
 def gate(d: RunDriver, agent: Agent, call: ToolCall) -> None:
     """Requested: run the gates, then commit Completed (blocked), Awaiting or Executing."""
     assert d.run is not None
-    tool = agent.tool(call.name)
+    tool = agent.tool_for(call)
     if tool is None:
         block(d, call, f"Unknown tool {call.name!r}; it was not run.")
         return

@@ -229,7 +229,7 @@ def history_blocks(
 
 
 def pin(agent: Agent, index: int, out: ToolCallOut) -> ToolCall:
-    """A Requested call with the policy, permission and budget in force now (pinned)."""
+    """A Requested call with the policy, permission, budget and source in force now (pinned)."""
     tool = agent.tool(out.name)
     try:
         arguments: dict[str, Any] | None = parse_object(out.arguments)
@@ -246,4 +246,5 @@ def pin(agent: Agent, index: int, out: ToolCallOut) -> ToolCall:
         policy=tool.policy if tool else RecoveryPolicy.INDETERMINATE,
         permission=agent.permission_for(tool) if tool else Permission.DENY,
         max_attempts=tool.max_attempts if tool else 1,
+        source=dict(tool.source) if tool else {"kind": "python"},
     )

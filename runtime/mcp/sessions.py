@@ -1,0 +1,227 @@
+"""Client sessions to an agent's MCP servers for the length of one claim.
+
+The SDK is asyncio-based and the loop's tool thread is synchronous, so every session lives on
+one private event loop in its own thread (an anyio blocking portal) and the sync side waits on
+concurrent futures. Each server's session is held open by one task that also runs that
+server's requests, one at a time, inside the session's scope: when the transport dies (a
+stdio server exits, an HTTP server drops the connection) the request in flight fails at once
+(ConnectionLost, or the SDK's "Connection closed" error) instead of waiting for its timeout,
+and the session ends. A later request reconnects.
+
+``McpSessions.close()`` cancels the tasks, which ends every session and stops every stdio
+subprocess, then stops the loop: nothing outlives the claim.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import AbstractContextManager, AsyncExitStack, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from runtime.errors import McpServerUnavailable
+from runtime.mcp.config import HttpServer, ServerConfig, StdioServer
+
+log = logging.getLogger("runtime.mcp")
+
+CONNECT_RETRY_SECONDS = 0.2  # pause between connection attempts while connect_timeout lasts
+
+
+class ConnectionLost(Exception):
+    """The server's connection ended, or could not be opened, while a request needed it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """What a server said when its session opened: its identity and its tools."""
+
+    server_info: dict[str, Any]
+    tools: tuple[Any, ...]  # mcp.types.Tool
+
+
+Job = Callable[[Any], Awaitable[Any]]
+
+
+class Connection:
+    """One server's session during a claim: open it, run requests on it, reconnect after it
+    died. Thread-safe: requests from any thread are run in order."""
+
+    def __init__(self, config: ServerConfig, portal: BlockingPortal) -> None:
+        self.config = config
+        self.portal = portal
+        self.lock = threading.Lock()
+        self.jobs: Any = None  # the holder's job stream while the session is open
+        self.holder: Future[Any] | None = None
+
+    def open(self) -> Listing:
+        """Connect, retrying until ``connect_timeout``; return the listing.
+
+        Raises McpServerUnavailable when no session could be opened in that time.
+        """
+        deadline = time.monotonic() + self.config.connect_timeout
+        while True:
+            try:
+                return self._open_once(deadline)
+            except (ConnectionLost, OSError) as exc:
+                if time.monotonic() + CONNECT_RETRY_SECONDS >= deadline:
+                    raise McpServerUnavailable(
+                        f"MCP server {self.config.name!r} ({self.config.target}) "
+                        f"could not be reached: {exc}",
+                        server=self.config.name,
+                    ) from exc
+                time.sleep(CONNECT_RETRY_SECONDS)
+
+    def _open_once(self, deadline: float) -> Listing:
+        ready: Future[Listing] = Future()
+        self.holder = self.portal.start_task_soon(self._hold, ready)
+        try:
+            return ready.result(timeout=max(0.1, deadline - time.monotonic()))
+        except FutureTimeout:
+            self.holder.cancel()
+            raise ConnectionLost("no answer before the connect timeout") from None
+
+    def request(self, job: Job, timeout: float) -> Any:
+        """Run ``job(client)`` on the session (reconnecting first if it died); return its
+        value. Raises ConnectionLost when the session ends meanwhile, McpServerUnavailable
+        when it cannot be reopened, and whatever the job raises."""
+        answer: Future[Any] = Future()
+        with self.lock:
+            if self.jobs is None:
+                self.open()
+            jobs = self.jobs  # the holder clears it, from the loop's thread, when it ends
+            try:
+                if jobs is None:
+                    raise anyio.ClosedResourceError
+                self.portal.call(jobs.send_nowait, (job, answer))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                raise ConnectionLost("the session ended before the request was sent") from None
+        try:
+            return answer.result(timeout=timeout)
+        except FutureTimeout:
+            raise ConnectionLost(f"no answer within {timeout:g}s") from None
+
+    async def _hold(self, ready: Future[Listing]) -> None:
+        send, receive = anyio.create_memory_object_stream[tuple[Job, Future[Any]]](math.inf)
+        current: Future[Any] | None = None
+        try:
+            async with AsyncExitStack() as stack:
+                client = await stack.enter_async_context(await self._client(stack))
+                listing = await _listing(client)
+                self.jobs = send
+                ready.set_result(listing)
+                async for job, answer in receive:
+                    current = answer
+                    try:
+                        answer.set_result(await job(client))
+                    except Exception as exc:  # the server's answer, or a broken transport
+                        if _breaks_session(exc):
+                            self.jobs = None  # before the caller hears: it may retry at once
+                            answer.set_exception(exc)
+                            break  # the next request starts a new session
+                        answer.set_exception(exc)
+                    current = None
+        except BaseException as exc:
+            self.jobs = None  # before the caller hears: it may retry at once
+            # A definition that cannot work (a header's variable unset) is not retried.
+            unusable = isinstance(exc, McpServerUnavailable)
+            lost = exc if unusable else ConnectionLost(_describe(exc))
+            for future in (ready, current):
+                if future is not None and not future.done():
+                    future.set_exception(lost)
+            if not isinstance(exc, Exception):
+                raise  # cancellation: the claim is over
+        finally:
+            self.jobs = None
+            send.close()
+            _fail_queued(receive)
+            receive.close()
+
+    async def _client(self, stack: AsyncExitStack) -> Any:
+        from mcp import Client, StdioServerParameters
+
+        config = self.config
+        if isinstance(config, StdioServer):
+            params = StdioServerParameters(
+                command=config.command,
+                args=list(config.args),
+                env=dict(config.env) or None,
+                cwd=config.cwd,
+            )
+            return Client(params, read_timeout_seconds=config.call_timeout)
+        assert isinstance(config, HttpServer)
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
+        http = await stack.enter_async_context(
+            httpx2.AsyncClient(
+                headers=config.headers(),
+                timeout=httpx2.Timeout(config.connect_timeout, read=config.call_timeout),
+            )
+        )
+        transport = streamable_http_client(config.url, http_client=http)
+        return Client(transport, read_timeout_seconds=config.call_timeout)
+
+
+async def _listing(client: Any) -> Listing:
+    tools: list[Any] = []
+    cursor = None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    info = client.server_info
+    identity = {"name": info.name, "version": info.version} if info is not None else {}
+    return Listing(server_info=identity, tools=tuple(tools))
+
+
+def _breaks_session(exc: Exception) -> bool:
+    """Whether the session is no use after ``exc``: the connection closed, a request timed
+    out (the server may hang), or an answer that is not the protocol's."""
+    from mcp import MCPError
+    from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+    return not isinstance(exc, MCPError) or exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT)
+
+
+def _fail_queued(receive: Any) -> None:
+    """Fail the requests queued behind a session that ended (without awaiting: the task may
+    be cancelled)."""
+    while True:
+        try:
+            _, answer = receive.receive_nowait()
+        except (anyio.EndOfStream, anyio.WouldBlock, anyio.ClosedResourceError):
+            return
+        answer.set_exception(ConnectionLost("the session ended"))
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an exception, looking inside exception groups (anyio task groups)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class McpSessions:
+    """The sessions of one claim, one Connection per server, on one private event loop."""
+
+    def __init__(self, servers: tuple[ServerConfig, ...]) -> None:
+        self._portal_cm: AbstractContextManager[BlockingPortal] = start_blocking_portal(name="mcp")
+        self.portal = self._portal_cm.__enter__()
+        self.connections = {server.name: Connection(server, self.portal) for server in servers}
+
+    def close(self) -> None:
+        """Cancel every session (ending stdio subprocesses) and stop the loop's thread."""
+        with suppress(RuntimeError):  # already stopped
+            self.portal.call(self.portal.stop, True)
+        self._portal_cm.__exit__(None, None, None)
