@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from functools import cache, partial
 from typing import Any
 
-from django.db import IntegrityError, connection, models, transaction
+from django.db import DataError, IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from runtime import codec
@@ -147,6 +147,8 @@ def commit(
                 moved = _write_postgres(writes)
         else:  # autocommit: the statement is its own transaction
             moved = _write_postgres(writes)
+    except DataError as exc:  # a value the database cannot store (a NUL, a lone surrogate)
+        raise InvalidCommit("the database refused a value of the commit", reason=str(exc)) from exc
     except IntegrityError as exc:
         if "commit_disposition_needs_run" in str(exc):
             raise _refusal(writes) from exc

@@ -175,14 +175,21 @@ def _answered(
 
 
 def _commit_retrying(run_id: str, build: Callable[[RunView], CommitDraft | None]) -> None:
-    """Re-read the committed run and rebuild the draft when a worker commits first."""
+    """Read the committed run and its thread's head in one query, build the draft on them and
+    commit it; when a worker commits first, read both again and rebuild.
+
+    ``build(run)`` returns the draft (its ``expected_version`` is filled in here), or None
+    when there is nothing to write. Raises what ``build`` or the coordinator raises.
+    """
+    thread_id = _committed_run(run_id).thread_id
     for attempt in range(CONFLICT_RETRIES):
-        run = _committed_run(run_id)
+        head, run = read_frontier(thread_id, run_id)
+        assert run is not None
         draft = build(run)
         if draft is None:
             return
         try:
-            commit(draft)
+            commit(replace(draft, expected_version=head.version), head=head, before=run)
             return
         except VersionConflict:
             if attempt == CONFLICT_RETRIES - 1:
@@ -234,7 +241,7 @@ def resume(
         return CommitDraft(
             thread_id=run.thread_id,
             run_id=run.run_id,
-            expected_version=read_head(run.thread_id).version,
+            expected_version=0,  # the head read with the run (_commit_retrying)
             disposition=Disposition.running(),
             events=(event,),
             actor=actor,
@@ -278,7 +285,7 @@ def end_run(
         return CommitDraft(
             thread_id=run.thread_id,
             run_id=run.run_id,
-            expected_version=read_head(run.thread_id).version,
+            expected_version=0,  # the head read with the run (_commit_retrying)
             disposition=Disposition.ended(cause, detail),
             messages=messages,
             events=events,

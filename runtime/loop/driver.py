@@ -50,6 +50,8 @@ from runtime.models import LateEvidence, MessageRecord, Run
 
 log = logging.getLogger("runtime.loop")
 
+NOTE_RETRIES = 10  # commits retried at a new thread version while only notes land before them
+
 
 class Abandon(Exception):
     """The worker stops at this boundary; nothing uncommitted is kept but staged results."""
@@ -164,24 +166,26 @@ class RunDriver:
         """Commit ``events`` after every staged result; return the committed RunView."""
         assert self.committed is not None
         flushed = tuple(s.event for s in self.staged)
-        done = commit(
-            CommitDraft(
-                thread_id=self.committed.thread_id,
-                run_id=self.run_id,
-                expected_version=self.version,
-                disposition=disposition,
-                messages=messages,
-                events=flushed + events,
-                actor=f"worker:{self.worker_id}",
-            ),
-            lease=self.lease,
-            head=ThreadHead(
-                thread_id=self.committed.thread_id,
-                version=self.version,
-                active_run_id=self.run_id,
-            ),
-            before=self.committed,
+        draft = CommitDraft(
+            thread_id=self.committed.thread_id,
+            run_id=self.run_id,
+            expected_version=self.version,
+            disposition=disposition,
+            messages=messages,
+            events=flushed + events,
+            actor=f"worker:{self.worker_id}",
         )
+        for attempt in range(NOTE_RETRIES):
+            head = ThreadHead(
+                thread_id=draft.thread_id, version=self.version, active_run_id=self.run_id
+            )
+            try:
+                done = commit(draft, lease=self.lease, head=head, before=self.committed)
+                break
+            except VersionConflict:
+                if attempt == NOTE_RETRIES - 1 or not self.only_notes_landed():
+                    raise
+                draft = replace(draft, expected_version=self.version)
         assert done.run is not None
         self.staged.clear()
         self._hold(done.run, done.head.version)
@@ -192,6 +196,17 @@ class RunDriver:
         if any(isinstance(e, BatchFinalized) for e in events):
             crash_point("batch_finalized")
         return done.run
+
+    def only_notes_landed(self) -> bool:
+        """After a conflict: True when the run itself did not move (only thread notes, such as
+        reconciliations of earlier runs, landed), so the same decision still holds; the held
+        version is moved to the thread's."""
+        assert self.committed is not None
+        head, run = read_frontier(self.committed.thread_id, self.run_id)
+        if run is None or run.version != self.committed.version:
+            return False
+        self.version = head.version
+        return True
 
     def flush(self) -> None:
         """Commit staged results on their own (the worker stops before the next boundary)."""

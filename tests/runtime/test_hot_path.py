@@ -17,10 +17,14 @@ import pytest
 from django.db import connection
 from django.db.backends.signals import connection_created
 
+from runtime import operations
 from runtime.coordinator import commit, read_head, read_run
-from runtime.domain.model import Decision, EndCause, Permission
+from runtime.domain.model import Decision, EndCause, Permission, RunState
 from runtime.loop import ToolThread
-from runtime.worker import Worker
+from runtime.loop import drive as loop_drive
+from runtime.models import ThreadCommit
+from runtime.providers.scripted import ScriptedProvider
+from runtime.worker import Worker, claim
 from tests.domain import drafts
 from tests.runtime.support import calls, run_row, text_step, tool_step
 
@@ -136,3 +140,37 @@ def test_a_demo_run_stays_within_its_budget(start, settings):
         assert counted.statements <= STATEMENTS_PER_RUN
     else:  # statement by statement on SQLite, in-process and cheap; pinned all the same
         assert counted.statements <= 3 * STATEMENTS_PER_RUN
+
+
+def test_a_thread_note_does_not_make_the_driver_ask_again(make_run, make_calls, drive, monkeypatch):
+    """A reconciliation of an earlier run lands on the thread while the worker holds its run:
+    the run did not move, so the worker commits its answer at the new thread version instead
+    of reloading and asking the model again."""
+    first = make_run()
+    drive(drafts.infer_tools, first.run_id, make_calls(1))
+    sealed = read_run(first.run_id).batches[-1].calls[0]
+    drive(drafts.execute, first.run_id, sealed.call_id)
+    drive(drafts.seal, first.run_id, sealed.call_id)
+    drive(drafts.finalize, first.run_id)
+    drive(drafts.infer_text, first.run_id, end=True)
+    run_id = operations.start_run(
+        agent="demo",
+        input="go",
+        metadata={"script": {"steps": [{"text": "done"}]}},
+        thread_id=first.thread_id,
+    )
+    taken = claim("held")
+    assert taken is not None and taken.run_id == run_id
+    operations.reconcile(sealed.call_id, outcome="not_applied", actor="operator")
+    inferences = []
+    real = ScriptedProvider.infer
+    monkeypatch.setattr(
+        ScriptedProvider, "infer", lambda self, *a: inferences.append(1) or real(self, *a)
+    )
+    left = loop_drive(run_id, lease=taken.lease, should_stop=lambda: False, frontier=taken.frontier)
+    assert (left.state, left.end_cause) == (RunState.ENDED, EndCause.NATURAL)
+    assert len(inferences) == 1
+    assert [c.actor for c in ThreadCommit.objects.filter(run_id=run_id).order_by("seq")] == [
+        "",
+        "worker:held",
+    ]
