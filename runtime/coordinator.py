@@ -13,8 +13,8 @@ On PostgreSQL the whole write is ONE statement (data-modifying CTEs), its own tr
 no transaction is open: one round trip per commit. Every part hangs off the head move, so a
 stale writer writes nothing; a run update refused after the head moved leaves the commit row
 with a disposition but no run, which the ``commit_disposition_needs_run`` constraint rejects,
-failing the whole statement. Elsewhere (SQLite) the same rows are written with the ORM inside
-``transaction.atomic()``. A conflict means another writer committed first: nothing of the
+failing the whole statement. Elsewhere (SQLite) the same rows are written statement by statement
+inside ``transaction.atomic()``. A conflict means another writer committed first: nothing of the
 loser is written, and it must reload the committed state and decide again, never overwrite.
 Listeners hear of a commit only after its transaction has committed.
 """
@@ -141,7 +141,7 @@ def commit(
     try:
         if connection.vendor != "postgresql":
             with transaction.atomic():
-                moved = _write_orm(writes)
+                moved = _write_each(writes)
         elif connection.in_atomic_block:  # a savepoint keeps the caller's transaction usable
             with transaction.atomic():
                 moved = _write_postgres(writes)
@@ -403,45 +403,87 @@ def _plan_tickets(
         )
 
 
-# -- the ORM writer (SQLite, and any backend without data-modifying CTEs) -------------------------
+# -- the statement-by-statement writer (SQLite) ----------------------------------------------------
 
 
-def _write_orm(w: _Writes) -> bool:
-    """Write ``w`` statement by statement inside the caller's transaction; False when the
-    thread or the run moved (or the lease is gone) and nothing was written."""
-    if w.create_thread:
-        Thread.objects.create(id=w.thread_id, version=w.seq, active_run_id=w.active_run_id)
-    elif not Thread.objects.filter(id=w.thread_id, version=w.expected).update(
-        version=w.seq, active_run_id=w.active_run_id
-    ):
-        return False
-    if w.run_insert is not None:
-        w.run_insert.save(force_insert=True)
-    elif w.run_update is not None:
-        fields = dict(w.run_update)
-        rows = Run.objects.filter(id=w.run_id, version=w.run_version)
-        if w.lease is not None:  # fence: only the lease holder of this epoch may write
-            rows = rows.filter(lease_owner=w.lease.worker_id, lease_epoch=w.lease.epoch)
-            if "lease_expires_at" not in fields:  # a commit is also a heartbeat
-                fields["lease_expires_at"] = timezone.now() + w.lease.ttl
-        if rows.update(**fields) != 1:
+def _write_each(w: _Writes) -> bool:
+    """Write ``w`` statement by statement (plain SQL with the fields' own value adaptation)
+    inside the caller's transaction; False when the thread or the run moved (or the lease is
+    gone) and nothing was written."""
+    with connection.cursor() as cursor:
+        if w.create_thread:
+            _insert_each(
+                cursor, [Thread(id=w.thread_id, version=w.seq, active_run_id=w.active_run_id)]
+            )
+        else:
+            cursor.execute(
+                f"UPDATE {_table(Thread)} SET version = %s, active_run_id = %s "
+                "WHERE id = %s AND version = %s",
+                [w.seq, w.active_run_id, w.thread_id, w.expected],
+            )
+            if cursor.rowcount != 1:
+                return False
+        if w.run_insert is not None:
+            _insert_each(cursor, [w.run_insert])
+        elif w.run_update is not None and not _update_run_each(cursor, w):
             transaction.set_rollback(True)
             return False
-    w.log.save(force_insert=True)
-    MessageRecord.objects.bulk_create(w.messages)
-    if w.calls:
-        ToolCallRecord.objects.bulk_create(
-            w.calls, update_conflicts=True, unique_fields=["id"], update_fields=CALL_PROGRESS
-        )
-    if w.ticket_close is not None:
-        close = dict(w.ticket_close)
-        Ticket.objects.filter(id=close.pop("id")).update(**close)
-    if w.ticket_open is not None:
-        w.ticket_open.save(force_insert=True)
-    ReconciliationRecord.objects.bulk_create(w.reconciliations)
-    if w.clear_checkpoint:
-        StreamCheckpoint.objects.filter(run_id=w.run_id).delete()
+        _insert_each(cursor, [w.log, *w.messages, *w.reconciliations])
+        _insert_each(cursor, w.calls, upsert=CALL_PROGRESS)
+        if w.ticket_close is not None:
+            close = dict(w.ticket_close)
+            _update_each(cursor, Ticket, close, "id = %s", [close.pop("id")])
+        if w.ticket_open is not None:
+            _insert_each(cursor, [w.ticket_open])
+        if w.clear_checkpoint:
+            cursor.execute(f"DELETE FROM {_table(StreamCheckpoint)} WHERE run_id = %s", [w.run_id])
     return True
+
+
+def _update_run_each(cursor: Any, w: _Writes) -> bool:
+    assert w.run_update is not None
+    fields = dict(w.run_update)
+    where, params = "id = %s AND version = %s", [w.run_id, w.run_version]
+    if w.lease is not None:  # fence: only the lease holder of this epoch may write
+        where += " AND lease_owner = %s AND lease_epoch = %s"
+        params += [w.lease.worker_id, w.lease.epoch]
+        fields.setdefault("lease_expires_at", timezone.now() + w.lease.ttl)  # and a heartbeat
+    return _update_each(cursor, Run, fields, where, params) == 1
+
+
+def _update_each(
+    cursor: Any, model: type[models.Model], values: dict[str, Any], where: str, params: list
+) -> int:
+    fields = {f.name: f for f in model._meta.concrete_fields}
+    sets = ", ".join(f"{connection.ops.quote_name(fields[n].column)} = %s" for n in values)
+    prepared = [fields[n].get_db_prep_save(v, connection) for n, v in values.items()]
+    cursor.execute(f"UPDATE {_table(model)} SET {sets} WHERE {where}", prepared + params)
+    return cursor.rowcount
+
+
+def _insert_each(cursor: Any, objs: list[models.Model], *, upsert: tuple[str, ...] = ()) -> None:
+    """Insert unsaved instances, each model's rows in one ``executemany``; ``upsert`` names the
+    columns an existing row (same id) takes from the new one."""
+    by_model: dict[type[models.Model], list[models.Model]] = {}
+    for obj in objs:
+        by_model.setdefault(type(obj), []).append(obj)
+    quote = connection.ops.quote_name
+    for model, rows in by_model.items():
+        fields = [f for f in model._meta.concrete_fields if not isinstance(f, models.AutoField)]
+        sql = (
+            f"INSERT INTO {_table(model)} ({', '.join(quote(f.column) for f in fields)}) "
+            f"VALUES ({', '.join(['%s'] * len(fields))})"
+        )
+        if upsert:
+            sets = ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in upsert)
+            sql += f" ON CONFLICT (id) DO UPDATE SET {sets}"
+        cursor.executemany(
+            sql,
+            [
+                [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+                for obj in rows
+            ],
+        )
 
 
 # -- the PostgreSQL writer: one statement ---------------------------------------------------
