@@ -14,6 +14,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from runtime.logs import LEVELS, logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RUNTIME_VAR_DIR", BASE_DIR / "var"))
 
@@ -114,6 +116,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "django_prometheus",
     "ninja",
     "channels",
     "runtime",
@@ -121,6 +124,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "console.middleware.request_id",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -130,6 +135,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -189,15 +195,21 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {
-        "runtime": {"handlers": ["console"], "level": os.environ.get("RUNTIME_LOG_LEVEL", "INFO")},
-    },
-}
+LOG_LEVEL = (os.environ.get("LOG_LEVEL") or os.environ.get("RUNTIME_LOG_LEVEL") or "INFO").upper()
+if LOG_LEVEL not in LEVELS:
+    raise ImproperlyConfigured(f"LOG_LEVEL must be one of {', '.join(LEVELS)}, got {LOG_LEVEL!r}")
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").strip().lower()
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, got {LOG_FORMAT!r}")
+LOGGING = logging_config(LOG_LEVEL, LOG_FORMAT)  # type: ignore[arg-type]
+
+# /metrics (console.health): loopback (default), open or off; a token guards it from anywhere.
+RUNTIME_METRICS = os.environ.get("RUNTIME_METRICS", "loopback").strip().lower()
+if RUNTIME_METRICS not in ("loopback", "open", "off"):
+    raise ImproperlyConfigured(
+        f"RUNTIME_METRICS must be loopback, open or off, got {RUNTIME_METRICS!r}"
+    )
+RUNTIME_METRICS_TOKEN = os.environ.get("RUNTIME_METRICS_TOKEN", "")
 
 # The runtime's own knobs; read through runtime.conf, never at import time.
 RUNTIME_AGENTS = env_list(

@@ -31,7 +31,7 @@ from typing import Any
 from django.db import DataError, IntegrityError, connection, models, transaction
 from django.utils import timezone
 
-from runtime import codec
+from runtime import codec, metrics
 from runtime.domain.commit import CommitDraft, apply_commit
 from runtime.domain.events import CallExecuting, CallResumed, ReconciliationRecorded, StepCommitted
 from runtime.domain.model import RunState, RunView, ThreadHead, ToolBatch, ToolCall

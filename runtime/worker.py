@@ -284,6 +284,7 @@ class Worker:
         return not Run.objects.filter(state="running").exists()
 
     def loop(self) -> None:
+        logs.bind(worker_id=self.worker_id)
         tools = ToolThread()
         try:
             while not self.stopping.is_set():
@@ -300,6 +301,7 @@ class Worker:
     def run(self) -> None:
         """Run the loops in threads until stopped, or until idle with ``until_idle``."""
         commit_announced.connect(self._on_commit, weak=False, dispatch_uid=id(self))
+        registration = registry.start(self.worker_id, self.concurrency)
         if connection.vendor == "postgresql":
             threading.Thread(target=self._listen_postgres, name="listen", daemon=True).start()
         self.heartbeat.start()
@@ -317,6 +319,7 @@ class Worker:
             self.stopping.set()
             self.heartbeat.done.set()
             commit_announced.disconnect(dispatch_uid=id(self))
+            registration.stop()
 
     def stop(self) -> None:
         self.stopping.set()
