@@ -6,6 +6,7 @@ on every Prometheus scrape. Nothing here writes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -99,3 +100,20 @@ def held_runs(worker_ids: list[str]) -> dict[str, list[str]]:
     for owner, run_id in rows:
         held[owner].append(run_id)
     return held
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """A registered worker with its status and the ids of the runs it holds."""
+
+    worker: WorkerProcess
+    status: WorkerStatus
+    runs: list[str]
+
+
+def worker_rows(now: datetime | None = None) -> list[WorkerRow]:
+    """Every registered worker, most recent heartbeat first, with status and held runs."""
+    now = now or timezone.now()
+    workers = list(WorkerProcess.objects.order_by("-heartbeat_at", "id"))
+    held = held_runs([w.id for w in workers])
+    return [WorkerRow(w, worker_status(w, now), held[w.id]) for w in workers]
