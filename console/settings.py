@@ -187,13 +187,33 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
+# Behind a TLS-terminating reverse proxy (docs/deploy.md): DJANGO_HTTPS=1 redirects plain HTTP
+# (but not the probes and /metrics a load balancer or Prometheus asks for on the inside),
+# marks cookies secure, trusts the proxy's X-Forwarded-Proto and sends HSTS.
+if env_bool("DJANGO_HTTPS", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_number("DJANGO_HSTS_SECONDS", 31_536_000, integer=True)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", True)
+
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-# Served by WhiteNoise straight from the finders, so a fresh clone needs no collectstatic.
+# Served by WhiteNoise straight from the finders, so a fresh clone needs no collectstatic. In
+# production (RUNTIME_STATIC_MANIFEST=1, after `manage.py collectstatic`) files get hashed,
+# compressed names and are cached for ever by browsers and proxies.
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
+if env_bool("RUNTIME_STATIC_MANIFEST", False):
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
 
 LOG_LEVEL = (os.environ.get("LOG_LEVEL") or os.environ.get("RUNTIME_LOG_LEVEL") or "INFO").upper()
 if LOG_LEVEL not in LEVELS:
