@@ -7,7 +7,9 @@ Counters are process-wide, so the test compares them before and after.
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -27,6 +29,7 @@ from tests.runtime.support import run_row, text_step, tool_step
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -134,6 +137,9 @@ def test_every_family_after_demo_runs(start, work_inline, settings):
     assert value(after, "runtime_workers", status="live") == 1
     # django-prometheus: HTTP by view and status.
     assert any(name.startswith("django_http_requests") for name, _ in after)
+    # Every series the sample Grafana dashboard queries exists.
+    queried = set(re.findall(r"\b((?:runtime|django)_[a-z_]+)", DASHBOARD.read_text()))
+    assert queried - {name for name, _ in after} == set()
 
 
 def test_access_loopback_token_and_off(settings):
