@@ -149,7 +149,8 @@ _rt_progress() {
         case "$line" in
         Collecting\ *)
             count=$((count + 1))
-            printf '    [%3d] %s\n' "$count" "${line#Collecting }" >&2
+            line="${line#Collecting }"
+            printf '    [%3d] %s\n' "$count" "${line%% (from *}" >&2
             ;;
         Installing\ collected\ packages:*)
             IFS=', ' read -r -a names <<<"${line#*: }"
