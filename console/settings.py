@@ -159,6 +159,12 @@ TEMPLATES = [
 
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 DATABASES = {"default": env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'runtime.sqlite3'}")}
+if env_bool("RUNTIME_DB_METRICS", True):
+    # django-prometheus's wrappers of the same backends count queries, errors and their time
+    # per database (django_db_* metrics at /metrics); the vendor stays sqlite / postgresql.
+    DATABASES["default"]["ENGINE"] = DATABASES["default"]["ENGINE"].replace(
+        "django.db.backends.", "django_prometheus.db.backends."
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")

@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -135,8 +136,10 @@ def test_every_family_after_demo_runs(start, work_inline, settings):
     assert value(after, "runtime_unreconciled_indeterminate_calls") == 1
     assert value(after, "runtime_timers_due") == 1
     assert value(after, "runtime_workers", status="live") == 1
-    # django-prometheus: HTTP by view and status.
+    # django-prometheus: HTTP by view and status, database queries by vendor.
     assert any(name.startswith("django_http_requests") for name, _ in after)
+    vendor = connection.vendor
+    assert delta(before, after, "django_db_execute_total", alias="default", vendor=vendor) > 10
     # Every series the sample Grafana dashboard queries exists.
     queried = set(re.findall(r"\b((?:runtime|django)_[a-z_]+)", DASHBOARD.read_text()))
     assert queried - {name for name, _ in after} == set()
