@@ -237,6 +237,9 @@ if RUNTIME_METRICS not in ("loopback", "open", "off"):
     )
 RUNTIME_METRICS_TOKEN = os.environ.get("RUNTIME_METRICS_TOKEN", "")
 
+# A trace viewer's URL with {trace_id}: the run page links traced runs (runtime.tracing).
+RUNTIME_TRACE_URL = os.environ.get("RUNTIME_TRACE_URL", "")
+
 # The runtime's own knobs; read through runtime.conf, never at import time.
 RUNTIME_AGENTS = env_list(
     "RUNTIME_AGENTS", ["runtime.demo.agent.demo", "runtime.demo.agent.assistant"]

@@ -28,6 +28,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, g
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from runtime import tracing
 from runtime.errors import VersionConflict
 
 # Commits take milliseconds on SQLite and PostgreSQL; a stuck one takes seconds.
@@ -139,17 +140,22 @@ def inference_observed(
 
 def measure_inference(provider: Any, request: Any, ctx: Any) -> Any:
     """Call ``provider.infer(request, ctx)`` and record it with ``inference_observed``
-    (labels: the provider's ``name``, ``request.model``). Returns its InferenceResult;
-    ModelError and any other exception pass through."""
+    (labels: the provider's ``name``, ``request.model``) and in a ``chat MODEL`` span
+    (runtime.tracing). Returns its InferenceResult; ModelError and any other exception pass
+    through."""
     from runtime.providers.base import ModelError
 
     started = time.perf_counter()
     name = getattr(provider, "name", type(provider).__name__)
-    try:
-        result = provider.infer(request, ctx)
-    except ModelError as exc:
-        inference_observed(name, request.model, time.perf_counter() - started, error=exc.retryable)
-        raise
+    with tracing.inference_span(name, request.model or "default") as span:
+        try:
+            result = provider.infer(request, ctx)
+        except ModelError as exc:
+            seconds = time.perf_counter() - started
+            inference_observed(name, request.model, seconds, error=exc.retryable)
+            tracing.failed(span, exc.message)
+            raise
+        tracing.record_usage(span, result.usage, result.finish_reason)
     inference_observed(name, request.model, time.perf_counter() - started, usage=result.usage)
     return result
 

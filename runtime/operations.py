@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from runtime import conf
+from runtime import conf, tracing
 from runtime.agents import get_agent
 from runtime.coordinator import commit, read_frontier, read_head, read_run
 from runtime.documents import run_document
@@ -249,6 +249,7 @@ def resume(
 
     def act() -> dict[str, Any]:
         _commit_retrying(run_id, build)
+        tracing.request_linked("resume", run_id, actor=actor)
         return run_document(run_id)
 
     return _answered(run_id, idempotency_key, payload, act)
@@ -310,6 +311,7 @@ def cancel(
 
     def act() -> dict[str, Any]:
         end_run(run_id, EndCause.CANCELLED, actor=actor, reason=reason)
+        tracing.request_linked("cancel", run_id, actor=actor)
         return run_document(run_id)
 
     return _answered(run_id, idempotency_key, {"cancel": reason}, act)

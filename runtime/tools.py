@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model
 
-from runtime import metrics
+from runtime import metrics, tracing
 from runtime.domain.model import Permission, RecoveryPolicy
 from runtime.untrusted import UntrustedJSONError, parse_object
 
@@ -145,20 +145,23 @@ class Tool:
         """Execute the tool; return the result text published to the model.
 
         Each attempt is counted and timed (``runtime_tool_*`` metrics) by outcome: ok, error
-        (a ToolError, re-raised) or failure (any other exception, re-raised).
+        (a ToolError, re-raised) or failure (any other exception, re-raised), and traced as an
+        ``execute_tool NAME`` span (runtime.tracing).
         """
         started = time.perf_counter()
         outcome = "failure"
-        try:
-            value = self.fn(ctx, **arguments)
-            outcome = "ok"
-        except ToolError:
-            outcome = "error"
-            raise
-        finally:
-            metrics.tool_observed(
-                self.name, self.policy.value, outcome, time.perf_counter() - started
-            )
+        policy = self.policy.value
+        with tracing.tool_span(self.name, ctx.operation_id, ctx.attempt, policy) as span:
+            try:
+                value = self.fn(ctx, **arguments)
+                outcome = "ok"
+            except ToolError:
+                outcome = "error"
+                raise
+            finally:
+                metrics.tool_observed(self.name, policy, outcome, time.perf_counter() - started)
+                if outcome != "ok":
+                    tracing.failed(span, outcome)
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
