@@ -107,9 +107,11 @@ def observe_commit[**P, T](fn: Callable[P, T]) -> Callable[P, T]:
     return timed
 
 
-def claimed(*, previous_owner: str | None) -> None:
-    """Record a claim; one whose run still names an owner took over an expired lease."""
-    if previous_owner:
+def claimed(*, deaths: int) -> None:
+    """Record a claim. ``deaths``: the earlier claims since the run's last commit whose worker
+    died without releasing the run (``Run.claims - 1 - Run.failures``); a claim after such a
+    death took over an expired lease."""
+    if deaths > 0:
         LEASE_TAKEOVERS.inc()
 
 

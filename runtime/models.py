@@ -67,6 +67,8 @@ class Run(models.Model):
     # failed in a way that points at the run (an exception), as opposed to a lost worker.
     claims = models.PositiveIntegerField(default=0)
     failures = models.PositiveIntegerField(default=0)
+    # Operational: the OpenTelemetry trace id, once a traced worker drove it (runtime.tracing).
+    trace_id = models.CharField(max_length=32, blank=True, default="")
 
     objects = RunQuerySet.as_manager()
 

@@ -104,6 +104,7 @@ def start_run(
     )
     if new_thread:  # the thread comes into being with its first commit, in one write
         commit(draft, new_thread=True)
+        tracing.request_linked("start", run_id, actor=actor)
         return run_id
     for attempt in range(CONFLICT_RETRIES):  # a racing start makes the next try see its run
         head, _ = read_frontier(draft.thread_id, None)
@@ -113,6 +114,7 @@ def start_run(
         except VersionConflict:
             if attempt == CONFLICT_RETRIES - 1:
                 raise
+    tracing.request_linked("start", run_id, actor=actor)
     return run_id
 
 

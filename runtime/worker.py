@@ -28,7 +28,7 @@ from django.db import connection, connections, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
 
-from runtime import codec, conf
+from runtime import codec, conf, logs, metrics, registry
 from runtime.coordinator import WAKE_CHANNEL, Lease
 from runtime.db import db_later, db_now, keep_usable
 from runtime.domain.model import EndCause, RunState
@@ -102,6 +102,7 @@ def _claim_postgres(worker_id: str, ttl: Any) -> Claim | None:
 
 def _claimed(worker_id: str, ttl: Any, row: tuple[Any, ...]) -> Claim:
     run_id, _thread, epoch, claims, failures, snapshot, metadata, version = row
+    metrics.claimed(deaths=claims - 1 - failures)
     if isinstance(snapshot, str):  # a raw cursor on PostgreSQL hands jsonb over as text
         snapshot, metadata = json.loads(snapshot), json.loads(metadata)
     return Claim(
@@ -249,6 +250,7 @@ class Worker:
         else:
             return False
         log.error("run %s: poison run; ending it: %s", taken.run_id, reason)
+        metrics.poison_ended()
         end_run(
             taken.run_id, EndCause.INDETERMINATE, actor=f"worker:{self.worker_id}", reason=reason
         )

@@ -41,7 +41,7 @@ def _json_lines(stderr: str) -> list[dict]:
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_logs_json_lines_with_run_thread_seq_and_worker(start, worker):
     run_id = start(text_step("hello"))
-    code, err = worker(worker_id="w-json", LOG_FORMAT="json")
+    code, err = worker(worker_id="w-json", LOG_FORMAT="json", LOG_LEVEL="DEBUG")
     assert code == 0, err
     lines = _json_lines(err)
     commits = [line for line in lines if line["logger"] == "runtime.commit"]
@@ -60,7 +60,7 @@ def test_a_worker_logs_json_lines_with_run_thread_seq_and_worker(start, worker):
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_logs_plain_lines_by_default(start, worker):
     run_id = start(text_step("hello"))
-    code, err = worker(worker_id="w-plain", LOG_FORMAT=None)
+    code, err = worker(worker_id="w-plain", LOG_FORMAT=None, LOG_LEVEL="DEBUG")
     assert code == 0, err
     commit_lines = [line for line in err.splitlines() if " runtime.commit " in line]
     assert commit_lines, err

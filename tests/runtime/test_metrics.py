@@ -17,7 +17,7 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime import operations, registry
+from runtime import conf, operations, registry
 from runtime.coordinator import commit, read_head, read_run
 from runtime.domain.commit import CommitDraft
 from runtime.domain.events import StepCommitted
@@ -94,7 +94,7 @@ def _waiting_runs() -> None:
     lost.fail()
 
 
-def test_every_family_after_demo_runs(start, work_inline, settings):
+def test_every_family_after_demo_runs(start, work_inline):
     before = scrape()
     done = start(tool_step(("ledger_replay", {"key": "a"})), text_step("all done"))
     flaky = start({"error": "retryable", "times": 1}, text_step("after a retry"))
@@ -103,8 +103,10 @@ def test_every_family_after_demo_runs(start, work_inline, settings):
     _conflict(start(text_step()))  # a Running run, not claimed yet
     taken = Run.objects.filter(state="running").values_list("id", flat=True).get()
     _take_over(taken)
-    Run.objects.filter(id=taken).update(claims=settings.RUNTIME_POISON_CLAIMS)
-    assert work_inline() == 1  # the next claim is over budget: a poison end
+    # As if its workers kept dying: the next claim is over budget, a poison end (and, after a
+    # death, one more takeover).
+    Run.objects.filter(id=taken).update(claims=conf.poison_deaths())
+    assert work_inline() == 1
     _waiting_runs()
     registry.register("metrics-worker", 2)
 
@@ -115,7 +117,7 @@ def test_every_family_after_demo_runs(start, work_inline, settings):
     )
     assert value(after, "runtime_commit_duration_seconds_bucket", le="+Inf") >= 8
     assert delta(before, after, "runtime_version_conflicts_total") == 1
-    assert delta(before, after, "runtime_lease_takeovers_total") == 1
+    assert delta(before, after, "runtime_lease_takeovers_total") == 2
     assert delta(before, after, "runtime_poison_ends_total") == 1
 
     model = {"provider": "scripted", "model": "default"}
