@@ -114,9 +114,10 @@ class Registration(threading.Thread):
             connection.close()  # a broken connection is reopened by the next write
 
     def stop(self) -> None:
-        """Record the stop and wait (up to 5 s) for the write."""
+        """Record the stop and wait (up to 2 s) for the write: a stopping worker is not held
+        up by a busy database (unrecorded, the worker turns stale instead of stopped)."""
         self.done.set()
-        self.join(timeout=5)
+        self.join(timeout=2)
 
 
 def start(worker_id: str, concurrency: int) -> Registration:
