@@ -99,7 +99,6 @@ class Registration(threading.Thread):
 
     def run(self) -> None:
         try:
-            self._safely(register, self.worker_id, self.concurrency)
             while not self.done.wait(conf.heartbeat_seconds()):
                 self._safely(heartbeat, self.worker_id)
             self._safely(stopped, self.worker_id)
@@ -121,7 +120,10 @@ class Registration(threading.Thread):
 
 
 def start(worker_id: str, concurrency: int) -> Registration:
-    """Register ``worker_id`` and keep it beating until ``stop()`` on the returned object."""
+    """Register ``worker_id`` now and keep it beating (on a daemon thread) until ``stop()`` on
+    the returned object; a failed registry write is logged, never raised."""
     registration = Registration(worker_id, concurrency)
+    # Registered before the worker claims anything, so a held run always names a known worker.
+    registration._safely(register, worker_id, concurrency)
     registration.start()
     return registration
