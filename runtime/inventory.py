@@ -98,7 +98,8 @@ def held_runs(worker_ids: list[str]) -> dict[str, list[str]]:
         .values_list("lease_owner", "id")
     )
     for owner, run_id in rows:
-        held[owner].append(run_id)
+        if owner is not None:  # the filter guarantees it; the column is nullable
+            held[owner].append(run_id)
     return held
 
 

@@ -158,16 +158,15 @@ def export_thread(thread_id: str) -> Iterator[str]:
     thread = Thread.objects.filter(id=thread_id).values("id", "metadata", "created_at").first()
     if thread is None:
         raise NotFound(f"thread {thread_id} does not exist")
-    thread["created_at"] = thread["created_at"].isoformat()
-    yield _line({"format": FORMAT, "thread": thread})
+    header = {**thread, "created_at": thread["created_at"].isoformat()}
+    yield _line({"format": FORMAT, "thread": header})
     rows = (
         ThreadCommit.objects.filter(thread_id=thread_id)
         .order_by("seq")
         .values("seq", "run_id", "disposition", "messages", "events", "actor", "created_at")
     )
     for row in rows.iterator():
-        row["created_at"] = row["created_at"].isoformat()
-        yield _line(row)
+        yield _line({**row, "created_at": row["created_at"].isoformat()})
 
 
 def _parse(lines: Iterable[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

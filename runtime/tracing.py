@@ -206,7 +206,7 @@ def tool_span(name: str, operation_id: str, attempt: int, policy: str) -> Iterat
     if tracer is None:
         yield None
         return
-    attributes = {
+    attributes: dict[str, Any] = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": name,
         "runtime.operation_id": operation_id,
