@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runtime', '0003_hot_path'),
+        ('runtime', '0004_mcp'),
     ]
 
     operations = [
