@@ -14,6 +14,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from runtime.logs import LEVELS, logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RUNTIME_VAR_DIR", BASE_DIR / "var"))
 
@@ -114,6 +116,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "django_prometheus",
     "ninja",
     "channels",
     "runtime",
@@ -121,6 +124,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "console.middleware.request_id",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -130,6 +135,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -153,6 +159,12 @@ TEMPLATES = [
 
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 DATABASES = {"default": env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'runtime.sqlite3'}")}
+if env_bool("RUNTIME_DB_METRICS", True):
+    # django-prometheus's wrappers of the same backends count queries, errors and their time
+    # per database (django_db_* metrics at /metrics); the vendor stays sqlite / postgresql.
+    DATABASES["default"]["ENGINE"] = DATABASES["default"]["ENGINE"].replace(
+        "django.db.backends.", "django_prometheus.db.backends."
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
@@ -181,23 +193,52 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
+# Behind a TLS-terminating reverse proxy (docs/deploy.md): DJANGO_HTTPS=1 redirects plain HTTP
+# (but not the probes and /metrics a load balancer or Prometheus asks for on the inside),
+# marks cookies secure, trusts the proxy's X-Forwarded-Proto and sends HSTS.
+if env_bool("DJANGO_HTTPS", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_number("DJANGO_HSTS_SECONDS", 31_536_000, integer=True)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", True)
+
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-# Served by WhiteNoise straight from the finders, so a fresh clone needs no collectstatic.
+# Served by WhiteNoise straight from the finders, so a fresh clone needs no collectstatic. In
+# production (RUNTIME_STATIC_MANIFEST=1, after `manage.py collectstatic`) files get hashed,
+# compressed names and are cached for ever by browsers and proxies.
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
+if env_bool("RUNTIME_STATIC_MANIFEST", False):
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {
-        "runtime": {"handlers": ["console"], "level": os.environ.get("RUNTIME_LOG_LEVEL", "INFO")},
-    },
-}
+LOG_LEVEL = (os.environ.get("LOG_LEVEL") or os.environ.get("RUNTIME_LOG_LEVEL") or "INFO").upper()
+if LOG_LEVEL not in LEVELS:
+    raise ImproperlyConfigured(f"LOG_LEVEL must be one of {', '.join(LEVELS)}, got {LOG_LEVEL!r}")
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").strip().lower()
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, got {LOG_FORMAT!r}")
+LOGGING = logging_config(LOG_LEVEL, LOG_FORMAT)  # type: ignore[arg-type]
+
+# /metrics (console.health): loopback (default), open or off; a token guards it from anywhere.
+RUNTIME_METRICS = os.environ.get("RUNTIME_METRICS", "loopback").strip().lower()
+if RUNTIME_METRICS not in ("loopback", "open", "off"):
+    raise ImproperlyConfigured(
+        f"RUNTIME_METRICS must be loopback, open or off, got {RUNTIME_METRICS!r}"
+    )
+RUNTIME_METRICS_TOKEN = os.environ.get("RUNTIME_METRICS_TOKEN", "")
+
+# A trace viewer's URL with {trace_id}: the run page links traced runs (runtime.tracing).
+RUNTIME_TRACE_URL = os.environ.get("RUNTIME_TRACE_URL", "")
 
 # The runtime's own knobs; read through runtime.conf, never at import time.
 RUNTIME_AGENTS = env_list(

@@ -1,7 +1,12 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from console import health
+
 urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", health.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("console.api.urls")),
     path("", include("console.views.urls")),

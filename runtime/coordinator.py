@@ -31,7 +31,7 @@ from typing import Any
 from django.db import DataError, IntegrityError, connection, models, transaction
 from django.utils import timezone
 
-from runtime import codec
+from runtime import codec, metrics
 from runtime.domain.commit import CommitDraft, apply_commit
 from runtime.domain.events import CallExecuting, CallResumed, ReconciliationRecorded, StepCommitted
 from runtime.domain.model import RunState, RunView, ThreadHead, ToolBatch, ToolCall
@@ -112,6 +112,7 @@ def read_frontier(thread_id: str, run_id: str | None) -> tuple[ThreadHead, RunVi
 # -- the commit ----------------------------------------------------------------------------------
 
 
+@metrics.observe_commit
 def commit(
     draft: CommitDraft,
     *,
@@ -190,6 +191,7 @@ def _announce(notice: CommitNotice) -> None:
         notice.seq,
         notice.run_id,
         notice.state,
+        extra={"seq": notice.seq, "thread_id": notice.thread_id, "run_id": notice.run_id},
     )
     commit_announced.send_robust(sender=CommitNotice, notice=notice)
 

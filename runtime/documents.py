@@ -154,6 +154,7 @@ def run_document(run_id: str) -> dict[str, Any]:
         ],
         "metadata": run.metadata,
         "created_by": run.created_by,
+        "trace_id": run.trace_id or None,
         "created_at": run.created_at.isoformat(),
         "committed_at": run.committed_at.isoformat() if run.committed_at else None,
     }

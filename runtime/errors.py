@@ -153,3 +153,10 @@ class McpServerUnavailable(RuntimeFault):
 
     code = "mcp_server_unavailable"
     status = 503
+
+
+class ImportRefused(RuntimeFault):
+    """The thread log cannot be imported; nothing was written."""
+
+    code = "import_refused"
+    status = 422

@@ -67,6 +67,8 @@ class Run(models.Model):
     # failed in a way that points at the run (an exception), as opposed to a lost worker.
     claims = models.PositiveIntegerField(default=0)
     failures = models.PositiveIntegerField(default=0)
+    # Operational: the OpenTelemetry trace id, once a traced worker drove it (runtime.tracing).
+    trace_id = models.CharField(max_length=32, blank=True, default="")
 
     objects = RunQuerySet.as_manager()
 
@@ -258,3 +260,23 @@ class LedgerEffect(models.Model):
     run_id = models.CharField(max_length=32)
     applied = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class WorkerProcess(models.Model):
+    """A worker process as it registered itself: operational, never thread truth.
+
+    ``heartbeat_at`` moves every RUNTIME_HEARTBEAT_SECONDS while the process lives; the runs
+    it holds are the runs whose lease names it (``Run.lease_owner``).
+    """
+
+    id = models.CharField(primary_key=True, max_length=200)  # the worker id
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    concurrency = models.PositiveIntegerField(default=1)
+    version = models.CharField(max_length=100, blank=True, default="")
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["-heartbeat_at"], name="worker_recent")]

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from runtime import conf
+from runtime import conf, tracing
 from runtime.agents import get_agent
 from runtime.coordinator import commit, read_frontier, read_head, read_run
 from runtime.documents import run_document
@@ -104,6 +104,7 @@ def start_run(
     )
     if new_thread:  # the thread comes into being with its first commit, in one write
         commit(draft, new_thread=True)
+        tracing.request_linked("start", run_id, actor=actor)
         return run_id
     for attempt in range(CONFLICT_RETRIES):  # a racing start makes the next try see its run
         head, _ = read_frontier(draft.thread_id, None)
@@ -113,6 +114,7 @@ def start_run(
         except VersionConflict:
             if attempt == CONFLICT_RETRIES - 1:
                 raise
+    tracing.request_linked("start", run_id, actor=actor)
     return run_id
 
 
@@ -249,6 +251,7 @@ def resume(
 
     def act() -> dict[str, Any]:
         _commit_retrying(run_id, build)
+        tracing.request_linked("resume", run_id, actor=actor)
         return run_document(run_id)
 
     return _answered(run_id, idempotency_key, payload, act)
@@ -310,6 +313,7 @@ def cancel(
 
     def act() -> dict[str, Any]:
         end_run(run_id, EndCause.CANCELLED, actor=actor, reason=reason)
+        tracing.request_linked("cancel", run_id, actor=actor)
         return run_document(run_id)
 
     return _answered(run_id, idempotency_key, {"cancel": reason}, act)

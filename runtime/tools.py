@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -16,6 +17,7 @@ from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model
 
+from runtime import metrics, tracing
 from runtime.domain.model import Permission, RecoveryPolicy
 from runtime.untrusted import UntrustedJSONError, parse_object
 
@@ -140,8 +142,26 @@ class Tool:
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {errors}") from exc
 
     def run(self, ctx: ToolContext, arguments: dict[str, Any]) -> str:
-        """Execute the tool; return the result text published to the model."""
-        value = self.fn(ctx, **arguments)
+        """Execute the tool; return the result text published to the model.
+
+        Each attempt is counted and timed (``runtime_tool_*`` metrics) by outcome: ok, error
+        (a ToolError, re-raised) or failure (any other exception, re-raised), and traced as an
+        ``execute_tool NAME`` span (runtime.tracing).
+        """
+        started = time.perf_counter()
+        outcome = "failure"
+        policy = self.policy.value
+        with tracing.tool_span(self.name, ctx.operation_id, ctx.attempt, policy) as span:
+            try:
+                value = self.fn(ctx, **arguments)
+                outcome = "ok"
+            except ToolError:
+                outcome = "error"
+                raise
+            finally:
+                metrics.tool_observed(self.name, policy, outcome, time.perf_counter() - started)
+                if outcome != "ok":
+                    tracing.failed(span, outcome)
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 

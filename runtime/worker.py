@@ -28,7 +28,7 @@ from django.db import connection, connections, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
 
-from runtime import codec, conf
+from runtime import codec, conf, logs, metrics, registry
 from runtime.coordinator import WAKE_CHANNEL, Lease
 from runtime.db import db_later, db_now, keep_usable
 from runtime.domain.model import EndCause, RunState
@@ -102,6 +102,7 @@ def _claim_postgres(worker_id: str, ttl: Any) -> Claim | None:
 
 def _claimed(worker_id: str, ttl: Any, row: tuple[Any, ...]) -> Claim:
     run_id, _thread, epoch, claims, failures, snapshot, metadata, version = row
+    metrics.claimed(deaths=claims - 1 - failures)
     if isinstance(snapshot, str):  # a raw cursor on PostgreSQL hands jsonb over as text
         snapshot, metadata = json.loads(snapshot), json.loads(metadata)
     return Claim(
@@ -249,6 +250,7 @@ class Worker:
         else:
             return False
         log.error("run %s: poison run; ending it: %s", taken.run_id, reason)
+        metrics.poison_ended()
         end_run(
             taken.run_id, EndCause.INDETERMINATE, actor=f"worker:{self.worker_id}", reason=reason
         )
@@ -284,6 +286,7 @@ class Worker:
         return not Run.objects.filter(state="running").exists()
 
     def loop(self) -> None:
+        logs.bind(worker_id=self.worker_id)
         tools = ToolThread()
         try:
             while not self.stopping.is_set():
@@ -300,6 +303,7 @@ class Worker:
     def run(self) -> None:
         """Run the loops in threads until stopped, or until idle with ``until_idle``."""
         commit_announced.connect(self._on_commit, weak=False, dispatch_uid=id(self))
+        registration = registry.start(self.worker_id, self.concurrency)
         if connection.vendor == "postgresql":
             threading.Thread(target=self._listen_postgres, name="listen", daemon=True).start()
         self.heartbeat.start()
@@ -317,6 +321,7 @@ class Worker:
             self.stopping.set()
             self.heartbeat.done.set()
             commit_announced.disconnect(dispatch_uid=id(self))
+            registration.stop()
 
     def stop(self) -> None:
         self.stopping.set()

@@ -9,16 +9,21 @@
 #    that are not active, and fail when run).
 # 2. Keeps a virtualenv at .venv, recreating it when its Python is missing, broken or < 3.12
 #    (or differs from an explicitly set $PYTHON).
-# 3. Runs `pip install -e ".[test]"` only when pyproject.toml changed since the last
-#    successful install (its sha256 is kept in .venv/.pyproject.sha256). Quiet on success;
-#    on failure the tail of .venv/pip-install.log is shown.
+# 3. Runs `pip install -e .` (scripts/start: the product only) or `pip install -e ".[test]"`
+#    (with RT_EXTRAS=test, as scripts/test sets it) only when pyproject.toml changed since the
+#    last successful install of that set (its sha256 is kept per set: .venv/.pyproject.sha256
+#    for the product, .venv/.pyproject.test.sha256 for the test tools). Shows each package as
+#    pip collects it; on failure the tail of .venv/pip-install.log is shown.
 # 4. Puts .venv/bin first on PATH, so `python` below means the project's interpreter.
 #
 # Returns non-zero (callers: `source scripts/_python.sh || exit 1`) with a message on stderr.
 
 _rt_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _rt_venv="$_rt_root/.venv"
-_rt_stamp="$_rt_venv/.pyproject.sha256"
+_rt_extras="${RT_EXTRAS:-}"
+# One stamp per installed set; installing the test set installs the product too.
+_rt_stamp="$_rt_venv/.pyproject${_rt_extras:+.$_rt_extras}.sha256"
+_rt_product_stamp="$_rt_venv/.pyproject.sha256"
 
 _rt_say() { echo "==> $*" >&2; }
 _rt_err() { echo "error: $*" >&2; }
@@ -131,17 +136,49 @@ _rt_ensure_env() {
 
     hash="$(_rt_hash_pyproject)" || return 1
     if [[ ! -f "$_rt_stamp" || "$(cat "$_rt_stamp")" != "$hash" ]]; then
-        log="$_rt_venv/pip-install.log"
-        _rt_say "installing the project and its test dependencies into .venv (pyproject.toml changed)"
-        rm -f "$_rt_stamp" # a failed or interrupted install is retried next time
-        if ! (cd "$_rt_root" && "$_rt_venv/bin/python" -m pip install \
-            --disable-pip-version-check --no-input -e ".[test]") >"$log" 2>&1; then
-            _rt_err "pip install -e \".[test]\" failed; last lines of $log:"
-            tail -n 40 "$log" >&2
-            return 1
-        fi
-        echo "$hash" >"$_rt_stamp"
+        _rt_install "$hash" || return 1
     fi
+    return 0
+}
+
+# Prints pip's progress (each package it collects, then the install) while it runs.
+_rt_progress() {
+    local line count=0
+    local -a names
+    while IFS= read -r line; do
+        case "$line" in
+        Collecting\ *)
+            count=$((count + 1))
+            line="${line#Collecting }"
+            printf '    [%3d] %s\n' "$count" "${line%% (from *}" >&2
+            ;;
+        Installing\ collected\ packages:*)
+            IFS=', ' read -r -a names <<<"${line#*: }"
+            printf '    installing %d package(s) into .venv ...\n' "${#names[@]}" >&2
+            ;;
+        esac
+    done
+}
+
+_rt_install() {
+    local hash="$1" log="$_rt_venv/pip-install.log" spec="." what="the project" status
+    if [[ -n "$_rt_extras" ]]; then
+        spec=".[$_rt_extras]"
+        what="the project and its $_rt_extras tools"
+    fi
+    _rt_say "installing $what into .venv (pyproject.toml changed; the first time takes a minute or two)"
+    rm -f "$_rt_stamp" # a failed or interrupted install is retried next time
+    (cd "$_rt_root" && "$_rt_venv/bin/python" -m pip install \
+        --disable-pip-version-check --no-input -e "$spec") 2>&1 | tee "$log" | _rt_progress
+    status="${PIPESTATUS[0]}"
+    if [[ "$status" != 0 ]]; then
+        _rt_err "pip install -e \"$spec\" failed; last lines of $log:"
+        tail -n 40 "$log" >&2
+        return 1
+    fi
+    echo "$hash" >"$_rt_stamp"
+    echo "$hash" >"$_rt_product_stamp"
+    _rt_say "installed"
     return 0
 }
 

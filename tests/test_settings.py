@@ -146,8 +146,8 @@ def test_env_database_rejects_bad_values_naming_the_variable(monkeypatch, url):
 def test_pytest_django_loads_console_settings(settings):
     assert settings.ROOT_URLCONF == "console.urls"
     assert settings.DATABASES["default"]["ENGINE"] in {
-        "django.db.backends.sqlite3",
-        "django.db.backends.postgresql",
+        "django_prometheus.db.backends.sqlite3",  # django.db.backends.*, counted for /metrics
+        "django_prometheus.db.backends.postgresql",
     }
 
 

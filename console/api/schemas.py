@@ -276,6 +276,9 @@ class RunOut(Schema):
     created_by: str = ""
     created_at: Timestamp
     committed_at: Timestamp | None = Field(None, description="time of the run's last commit")
+    trace_id: str | None = Field(
+        None, description="the run's OpenTelemetry trace id, once a traced worker drove it"
+    )
 
 
 class RunSummaryOut(Schema):

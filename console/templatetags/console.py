@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from django import template
+from django.conf import settings
 from django.utils.html import format_html
 
 register = template.Library()
@@ -26,6 +28,15 @@ def pretty_json(value: Any) -> str:
         except (json.JSONDecodeError, ValueError):
             return value
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+@register.filter
+def trace_url(trace_id: Any) -> str:
+    """The trace viewer's URL of ``trace_id`` (RUNTIME_TRACE_URL with ``{trace_id}``), or ""."""
+    template = getattr(settings, "RUNTIME_TRACE_URL", "")
+    if not template or not trace_id:
+        return ""
+    return template.replace("{trace_id}", quote(str(trace_id), safe=""))
 
 
 @register.filter

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console.views import audit, reconcile, runs, tabs, tickets, tokens
+from console.views import audit, reconcile, runs, tabs, tickets, tokens, workers
 
 app_name = "console"
 
@@ -25,6 +25,7 @@ urlpatterns = [
     path("reconcile/", reconcile.reconciliation, name="reconcile"),
     path("reconcile/<str:call_id>/", reconcile.reconcile_call, name="reconcile_call"),
     path("audit/", audit.audit, name="audit"),
+    path("workers/", workers.workers, name="workers"),
     path("tokens/", tokens.tokens, name="tokens"),
     path("tabs/<str:which>/", tabs.tab_count, name="tab_count"),
     path("tokens/<int:token_id>/revoke/", tokens.revoke_token, name="revoke_token"),

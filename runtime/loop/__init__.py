@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from runtime import logs, tracing
 from runtime.coordinator import Lease
 from runtime.domain.model import RunView
 from runtime.loop.driver import Abandon, Frontier, RunDriver
@@ -31,11 +32,15 @@ def drive(
 ) -> RunView | None:
     """Drive ``run_id`` from its committed frontier (see RunDriver); return the committed
     RunView it left the run in."""
-    return RunDriver(
-        run_id,
-        lease=lease,
-        should_stop=should_stop,
-        released=released,
-        tools=tools,
-        frontier=frontier,
-    ).drive()
+    with (
+        logs.context(run_id=run_id, worker_id=lease.worker_id),
+        tracing.driving(run_id, lease.worker_id),
+    ):
+        return RunDriver(
+            run_id,
+            lease=lease,
+            should_stop=should_stop,
+            released=released,
+            tools=tools,
+            frontier=frontier,
+        ).drive()

@@ -20,6 +20,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from runtime import logs, tracing
 from runtime.agents import Agent, get_agent
 from runtime.coordinator import Lease, commit, read_frontier
 from runtime.crash import crash_point
@@ -234,6 +235,7 @@ class RunDriver:
         if self.committed is None:
             self.reload()
         assert self.run is not None
+        logs.bind(thread_id=self.run.thread_id)
         try:
             agent = get_agent(self.run.agent)
         except UnknownAgent as exc:  # the deployment lost the agent: fail, do not loop
@@ -301,6 +303,7 @@ class RunDriver:
             log.info("run %s: late result for %s kept as evidence", self.run_id, item.event.call_id)
             record_late(item.event.call_id, item.attempt, item.event, self.worker_id)
 
+    @tracing.traced_action
     def act(self, agent: Agent, action: rec.Action) -> None:
         match action:
             case rec.Infer(step=step):

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from runtime import conf, live
+from runtime import conf, live, metrics
 from runtime.agents import Agent
 from runtime.crash import crash_point
 from runtime.domain.events import BatchOpened, StepCommitted
@@ -99,7 +99,7 @@ def _with_retries(d: RunDriver, provider: Any, req: InferenceRequest, step: int)
     while True:
         attempt += 1
         try:
-            return provider.infer(req, _context(d, step, attempt))
+            return metrics.measure_inference(provider, req, _context(d, step, attempt))
         except ModelError as exc:
             if not exc.retryable or attempt > conf.model_retries():
                 raise

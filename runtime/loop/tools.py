@@ -8,10 +8,12 @@ holds up the next run's tool (issue: "a cancelled call keeps the worker busy").
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from django.db import connections
@@ -48,7 +50,8 @@ class ToolThread:
     def submit(self, job: Callable[[], Any]) -> Future[Any]:
         """Queue ``job``; its future holds what it returns or raises."""
         future: Future[Any] = Future()
-        self.jobs.put((job, future))
+        # The job runs in this caller's context: its log fields and its trace span.
+        self.jobs.put((partial(contextvars.copy_context().run, job), future))
         return future
 
     def abandon(self) -> None:

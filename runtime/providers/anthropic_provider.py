@@ -37,14 +37,13 @@ Stream checkpoints and ``resume_from``: see ``runtime.providers.streaming`` (res
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anthropic
 
-from runtime.providers import errors
+from runtime.providers import errors, keys
 from runtime.providers.base import (
     InferenceContext,
     InferenceRequest,
@@ -57,7 +56,6 @@ if TYPE_CHECKING:
     from runtime.agents import ProviderConfig
 
 NAME = "anthropic"
-NO_KEY = "not-needed"
 DEFAULT_MAX_TOKENS = 4096
 
 STOP_REASONS = {
@@ -234,13 +232,18 @@ class AnthropicProvider:
         self, config: ProviderConfig, *, client: anthropic.Anthropic | None = None
     ) -> None:
         self.config = config
-        key = os.environ.get(config.api_key_env or "ANTHROPIC_API_KEY") or NO_KEY
+        key = keys.api_key(config.api_key_env, "ANTHROPIC_API_KEY", NAME)
         self.client = client or anthropic.Anthropic(
-            base_url=config.base_url,
+            base_url=keys.anthropic_base_url(config.base_url),
             api_key=key,
             timeout=config.timeout,
             max_retries=0,
         )
+
+    @property
+    def url(self) -> str:
+        """The base URL requests go to (named in connection errors)."""
+        return str(self.client.base_url)
 
     def close(self) -> None:
         self.client.close()
@@ -277,11 +280,11 @@ class AnthropicProvider:
                 request_id=exc.response.headers.get("request-id"),
             ) from exc
         except anthropic.APIConnectionError as exc:  # includes APITimeoutError
-            raise errors.connection(NAME, exc) from exc
+            raise errors.connection(NAME, exc, url=self.url) from exc
         except anthropic.APIResponseValidationError as exc:
             raise errors.malformed(NAME, str(exc)) from exc
         except json.JSONDecodeError as exc:
             raise errors.malformed(NAME, f"a stream event is not JSON: {exc}") from exc
         except errors.transport_errors() as exc:
-            raise errors.connection(NAME, exc, mid_stream=True) from exc
+            raise errors.connection(NAME, exc, mid_stream=True, url=self.url) from exc
         return sink.result(assembly.finish(), assembly.usage)

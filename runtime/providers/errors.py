@@ -162,13 +162,20 @@ def midstream(provider: str, body: Any) -> ModelError:
     )
 
 
-def connection(provider: str, exc: BaseException, *, mid_stream: bool = False) -> ModelError:
-    """A transport failure or a timeout: retryable. Mid-stream it means the stream was cut."""
+def connection(
+    provider: str, exc: BaseException, *, mid_stream: bool = False, url: str | None = None
+) -> ModelError:
+    """A transport failure or a timeout: retryable. Mid-stream it means the stream was cut.
+
+    ``url`` (the base URL tried) is named in the message, so a wrong address is plain to see.
+    """
     timed_out = "Timeout" in type(exc).__name__
     if mid_stream:
         where = "the stream stalled past the timeout" if timed_out else "the stream was cut mid-way"
     else:
         where = "the request timed out" if timed_out else "the connection failed"
+    if url:
+        where = f"{where} ({url})"
     cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return ModelError(f"{provider}: {where}: {cause}", provider=provider, retryable=True)
 

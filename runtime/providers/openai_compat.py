@@ -41,14 +41,13 @@ Stream checkpoints and ``resume_from``: see ``runtime.providers.streaming`` (res
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import openai
 
-from runtime.providers import errors
+from runtime.providers import errors, keys
 from runtime.providers.base import (
     InferenceContext,
     InferenceRequest,
@@ -61,7 +60,6 @@ if TYPE_CHECKING:
     from runtime.agents import ProviderConfig
 
 NAME = "openai"
-NO_KEY = "not-needed"  # local servers take any key; the SDK insists on one
 
 FINISH_REASONS = {
     "stop": "stop",
@@ -269,13 +267,18 @@ class OpenAIProvider:
 
     def __init__(self, config: ProviderConfig, *, client: openai.OpenAI | None = None) -> None:
         self.config = config
-        key = os.environ.get(config.api_key_env or "OPENAI_API_KEY") or NO_KEY
+        key = keys.api_key(config.api_key_env, "OPENAI_API_KEY", NAME)
         self.client = client or openai.OpenAI(
             base_url=config.base_url,
             api_key=key,
             timeout=config.timeout,
             max_retries=0,
         )
+
+    @property
+    def url(self) -> str:
+        """The base URL requests go to (named in connection errors)."""
+        return str(self.client.base_url)
 
     def close(self) -> None:
         self.client.close()
@@ -308,11 +311,11 @@ class OpenAIProvider:
                 request_id=exc.response.headers.get("x-request-id"),
             ) from exc
         except openai.APIConnectionError as exc:  # includes APITimeoutError
-            raise errors.connection(NAME, exc) from exc
+            raise errors.connection(NAME, exc, url=self.url) from exc
         except openai.APIResponseValidationError as exc:
             raise errors.malformed(NAME, str(exc)) from exc
         except errors.transport_errors() as exc:
-            raise errors.connection(NAME, exc, mid_stream=True) from exc
+            raise errors.connection(NAME, exc, mid_stream=True, url=self.url) from exc
 
     def _stream(self, lines: Iterable[str], sink: StreamSink) -> InferenceResult:
         assembly = _Assembly(sink)

@@ -1,7 +1,8 @@
 """Create the first operator: ``manage.py runtime_bootstrap [--username U] [--password P]``.
 
-Only when no user exists yet, so running it again is harmless. Without ``--password`` a random
-password is generated and printed once.
+Only when no user exists yet, so running it again is harmless. The operator is staff: it may
+manage users and groups in ``/admin/`` and view the runtime's tables there (read only).
+Without ``--password`` a random password is generated and printed once.
 """
 
 from __future__ import annotations
@@ -9,10 +10,29 @@ from __future__ import annotations
 import secrets
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
+from django.db.models import Q
 
 from console.management.groups import ensure_groups
+
+# The bootstrap operator manages who may do what (users and groups) in /admin/, and may look
+# at the runtime's tables there (read only: runtime/admin.py).
+ADMIN_CODENAMES = [
+    f"{action}_{model}" for action in ("add", "change", "view") for model in ("user", "group")
+]
+
+
+def admin_permissions() -> list[Permission]:
+    """Permissions of the bootstrap operator in the admin: manage users and groups, view
+    every runtime table."""
+    return list(
+        Permission.objects.filter(
+            Q(content_type__app_label="auth", codename__in=ADMIN_CODENAMES)
+            | Q(content_type__app_label="runtime", codename__startswith="view_")
+        )
+    )
 
 
 class Command(BaseCommand):
@@ -33,8 +53,9 @@ class Command(BaseCommand):
                 self.stdout.write("A user already exists; nothing was created.")
                 return
             groups = ensure_groups()
-            user = User.objects.create_user(username=username, password=password)
+            user = User.objects.create_user(username=username, password=password, is_staff=True)
             user.groups.add(groups["operators"])
+            user.user_permissions.add(*admin_permissions())
         self.stdout.write(self.style.SUCCESS(f"Created operator {username!r}."))
         if options["password"] is None:
             self.stdout.write(f"Password (shown once): {password}")

@@ -1,8 +1,14 @@
-"""``manage.py runtime_show RUN [--json]``: print a run's committed state."""
+"""``manage.py runtime_show RUN [--json]``: print a run's committed state.
+
+The plain form prints the run's line, its error (a failed run: type and message), its open
+ticket, every batch with its calls, and the final answer (the last assistant text) once the
+run has ended.
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -30,6 +36,8 @@ class Command(BaseCommand):
             f"run {document['id']} agent={document['agent']} state={document['state']}{cause} "
             f"version={document['version']}"
         )
+        if document["error"]:
+            self.stdout.write(f"  error: {describe_error(document['error'])}")
         if document["ticket"]:
             ticket = document["ticket"]
             self.stdout.write(f"  open ticket {ticket['id']} kind={ticket['kind']}")
@@ -41,3 +49,25 @@ class Command(BaseCommand):
                     f"    [{call['index']}] {call['name']} {call['phase']} "
                     f"attempt={call['attempt']} op={call['operation_id']}"
                 )
+        answer = final_answer(document)
+        if answer is not None:
+            self.stdout.write(f"  answer: {answer}")
+
+
+def describe_error(error: Any) -> str:
+    """``type: message`` of a run's error dict (any other shape as JSON)."""
+    if isinstance(error, dict) and error.get("message"):
+        kind = error.get("type") or "error"
+        where = f" ({error['provider']})" if error.get("provider") else ""
+        return f"{kind}{where}: {error['message']}"
+    return json.dumps(error, sort_keys=True)
+
+
+def final_answer(document: dict[str, Any]) -> str | None:
+    """The last assistant text without tool calls of an ended run, or None."""
+    if document["state"] != "ended":
+        return None
+    for message in reversed(document["messages"]):
+        if message["role"] == "assistant" and not message["tool_calls"] and message["content"]:
+            return message["content"]
+    return None

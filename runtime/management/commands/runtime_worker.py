@@ -7,6 +7,7 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
+from runtime import metrics
 from runtime.crash import check_environment
 from runtime.worker import Worker
 
@@ -25,10 +26,22 @@ class Command(BaseCommand):
             default=1,
             help="runs driven at once, each on its own thread (default 1)",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            help="serve this process's Prometheus metrics at http://ADDR:PORT/metrics",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="127.0.0.1",
+            help="the address --metrics-port listens on (default 127.0.0.1)",
+        )
 
-    def handle(self, *args, until_idle, worker_id, concurrency, **options):
+    def handle(self, *args, until_idle, worker_id, concurrency, metrics_port, **options):
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
+        if metrics_port is not None:
+            self.serve_metrics(metrics_port, options["metrics_addr"])
         try:
             crash_at = check_environment()
         except ValueError as exc:
@@ -48,3 +61,13 @@ class Command(BaseCommand):
         self.stderr.write(f"worker {worker.worker_id}: started (concurrency {concurrency})")
         worker.run()
         self.stderr.write(f"worker {worker.worker_id}: stopped")
+
+    def serve_metrics(self, port: int, addr: str) -> None:
+        """Start the metrics endpoint; a port that cannot be bound stops the command."""
+        if not 0 < port < 65536:
+            raise CommandError(f"--metrics-port must be 1-65535, got {port}")
+        try:
+            metrics.serve(port, addr)
+        except OSError as exc:
+            raise CommandError(f"cannot serve metrics on {addr}:{port}: {exc}") from exc
+        self.stderr.write(f"metrics: http://{addr}:{port}/metrics")

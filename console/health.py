@@ -1,0 +1,125 @@
+"""Probes for load balancers and the Prometheus scrape endpoint.
+
+- ``/healthz``: the process is up and serving (no I/O): 200 ``{"status": "ok"}``.
+- ``/readyz``: the database answers, every migration is applied and the channel layer
+  answers: 200 ``{"status": "ready", "checks": {...}}``, else 503 with the failing check's
+  reason (``"checks": {"database": "ok", "migrations": "2 unapplied: ...", ...}``).
+- ``/metrics``: the Prometheus text format of this process (runtime.metrics), guarded by
+  RUNTIME_METRICS: ``loopback`` (default: only from 127.0.0.1 / ::1), ``open`` or ``off``
+  (404); with RUNTIME_METRICS_TOKEN set, a request must carry ``Authorization: Bearer
+  <token>`` (401 otherwise) from anywhere unless RUNTIME_METRICS is ``off``.
+
+None of them needs a session, so they answer before sign-in; none writes anything.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import uuid
+from collections.abc import Callable
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from runtime import metrics
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """The process is up: always 200."""
+    return JsonResponse({"status": "ok"})
+
+
+def check_database() -> str:
+    """ "ok" when the default database answers ``SELECT 1``; raises otherwise."""
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+    return "ok"
+
+
+def check_migrations() -> str:
+    """ "ok" when no migration is unapplied; raises RuntimeError naming the first few."""
+    executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    if plan:
+        names = ", ".join(f"{m.app_label}.{m.name}" for m, _ in plan[:3])
+        raise RuntimeError(f"{len(plan)} unapplied: {names}")
+    return "ok"
+
+
+def check_channel_layer() -> str:
+    """ "ok" when the channel layer takes a message and hands it back (a round trip to Redis
+    with channels-redis); raises otherwise."""
+    layer = get_channel_layer()
+    if layer is None:
+        raise RuntimeError("no channel layer is configured")
+    channel = async_to_sync(layer.new_channel)(prefix="readyz")
+    probe = {"type": "readyz.probe", "id": uuid.uuid4().hex}
+    async_to_sync(layer.send)(channel, probe)
+    if async_to_sync(layer.receive)(channel) != probe:
+        raise RuntimeError("the channel layer returned another message")
+    return "ok"
+
+
+CHECKS: dict[str, Callable[[], str]] = {
+    "database": check_database,
+    "migrations": check_migrations,
+    "channel_layer": check_channel_layer,
+}
+
+
+@never_cache
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Run every readiness check; 200 when all pass, 503 naming each failure."""
+    results: dict[str, str] = {}
+    for name, check in CHECKS.items():
+        try:
+            results[name] = check()
+        except Exception as exc:  # any failure is the answer, never a 500
+            results[name] = f"{type(exc).__name__}: {exc}"
+    ready = all(value == "ok" for value in results.values())
+    return JsonResponse(
+        {"status": "ready" if ready else "unready", "checks": results},
+        status=200 if ready else 503,
+    )
+
+
+def _loopback(request: HttpRequest) -> bool:
+    try:
+        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
+    except ValueError:
+        return False
+
+
+def _bearer(request: HttpRequest) -> str:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+@never_cache
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The Prometheus exposition of this process, with the log's gauges (see module doc)."""
+    access = settings.RUNTIME_METRICS
+    token = settings.RUNTIME_METRICS_TOKEN
+    if access == "off":
+        raise Http404("metrics are off (RUNTIME_METRICS=off)")
+    if token:
+        if not hmac.compare_digest(_bearer(request).encode(), token.encode()):
+            response = HttpResponse("a metrics token is required\n", status=401)
+            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+            return response
+    elif access == "loopback" and not _loopback(request):
+        return HttpResponse("metrics are served to loopback clients only\n", status=403)
+    return HttpResponse(metrics.exposition(), content_type=CONTENT_TYPE_LATEST)

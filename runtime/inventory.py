@@ -1,0 +1,120 @@
+"""Read-only counts of the log's state for operators: metrics, the Workers page, retention.
+
+Every function is one aggregate query on an index (or a handful of rows), cheap enough to run
+on every Prometheus scrape. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from django.db.models import Count, Exists, Min, OuterRef, QuerySet
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from runtime import conf
+from runtime.models import ReconciliationRecord, Run, Ticket, ToolCallRecord, WorkerProcess
+
+WorkerStatus = Literal["live", "stale", "stopped"]
+# A reconciliation that settles a call: the downstream system said whether it applied.
+DECISIVE_OUTCOMES = ("applied", "not_applied")
+
+
+def runs_by_state() -> dict[tuple[str, str], int]:
+    """``{(state, end_cause or ""): count}`` over every run (index run_state_cause)."""
+    rows = Run.objects.order_by().values_list("state", "end_cause").annotate(n=Count("id"))
+    return {(state, cause or ""): n for state, cause, n in rows}
+
+
+def open_tickets(now: datetime | None = None) -> dict[str, tuple[int, float]]:
+    """``{kind: (open count, age of the oldest in seconds)}`` (index ticket_open_oldest)."""
+    now = now or timezone.now()
+    rows = (
+        Ticket.objects.filter(state="open")
+        .order_by()
+        .values_list("kind")
+        .annotate(n=Count("id"), oldest=Min("created_at"))
+    )
+    return {kind: (n, max(0.0, (now - oldest).total_seconds())) for kind, n, oldest in rows}
+
+
+def unreconciled_calls() -> QuerySet[ToolCallRecord]:
+    """Indeterminate calls whose effect may have started and that no decisive reconciliation
+    (applied / not applied) settles; a "still unknown" record leaves a call unreconciled.
+
+    DESIGN.md "Decisions": only sealed-from-Executing calls need reconciliation.
+    """
+    settled = ReconciliationRecord.objects.filter(
+        call_id=OuterRef("pk"), outcome__in=DECISIVE_OUTCOMES
+    )
+    return ToolCallRecord.objects.filter(
+        phase="indeterminate", effect_may_have_started=True
+    ).exclude(Exists(settled))
+
+
+def timers_due(now: datetime | None = None) -> int:
+    """Open timer tickets whose ``request.at`` (an ISO 8601 time) has come."""
+    now = now or timezone.now()
+    due = 0
+    for request in Ticket.objects.filter(state="open", kind="timer").values_list(
+        "request", flat=True
+    ):
+        at = parse_datetime(str((request or {}).get("at", "")))
+        if at is not None and at <= now:
+            due += 1
+    return due
+
+
+def stale_after() -> timedelta:
+    """A worker without a heartbeat for longer than two lease periods is stale."""
+    return 2 * conf.lease_ttl()
+
+
+def worker_status(worker: WorkerProcess, now: datetime | None = None) -> WorkerStatus:
+    """ "stopped" (it said so), "stale" (silent for more than ``stale_after()``) or "live"."""
+    if worker.stopped_at is not None:
+        return "stopped"
+    now = now or timezone.now()
+    return "stale" if now - worker.heartbeat_at > stale_after() else "live"
+
+
+def workers_by_status() -> dict[WorkerStatus, int]:
+    """``{status: count}`` of the registered workers (every row; there are few)."""
+    now = timezone.now()
+    counts: dict[WorkerStatus, int] = {"live": 0, "stale": 0, "stopped": 0}
+    for worker in WorkerProcess.objects.all():
+        counts[worker_status(worker, now)] += 1
+    return counts
+
+
+def held_runs(worker_ids: list[str]) -> dict[str, list[str]]:
+    """``{worker id: [run ids whose lease names it, oldest commit first]}``."""
+    held: dict[str, list[str]] = {wid: [] for wid in worker_ids}
+    rows = (
+        Run.objects.filter(lease_owner__in=worker_ids)
+        .order_by("committed_at")
+        .values_list("lease_owner", "id")
+    )
+    for owner, run_id in rows:
+        if owner is not None:  # the filter guarantees it; the column is nullable
+            held[owner].append(run_id)
+    return held
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """A registered worker with its status and the ids of the runs it holds."""
+
+    worker: WorkerProcess
+    status: WorkerStatus
+    runs: list[str]
+
+
+def worker_rows(now: datetime | None = None) -> list[WorkerRow]:
+    """Every registered worker, most recent heartbeat first, with status and held runs."""
+    now = now or timezone.now()
+    workers = list(WorkerProcess.objects.order_by("-heartbeat_at", "id"))
+    held = held_runs([w.id for w in workers])
+    return [WorkerRow(w, worker_status(w, now), held[w.id]) for w in workers]

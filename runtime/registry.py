@@ -1,0 +1,129 @@
+"""Worker registration: each worker process says who it is and that it is alive.
+
+A worker registers on start (id, host, pid, concurrency, code version), renews
+``heartbeat_at`` every RUNTIME_HEARTBEAT_SECONDS on a daemon thread and records ``stopped_at``
+when it stops gracefully. A worker killed outright simply stops beating: it is "stale" once
+silent for two lease periods (``inventory.worker_status``). The rows are operational, never
+thread truth: leases and the expected-version check fence workers, not this table.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import subprocess
+import threading
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from runtime import conf
+from runtime.models import WorkerProcess
+
+log = logging.getLogger("runtime.registry")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def code_version() -> str:
+    """The running code's version: RUNTIME_CODE_VERSION, else the checkout's short git
+    commit, else the installed package's version ("unknown" when none is found)."""
+    given = os.environ.get("RUNTIME_CODE_VERSION", "").strip()
+    if given:
+        return given[:100]
+    if (ROOT / ".git").exists():
+        try:
+            found = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=True,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            found = ""
+        if found:
+            return found
+    try:
+        return version("durable-agent-runtime")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def register(worker_id: str, concurrency: int) -> None:
+    """Create or refresh the row of ``worker_id`` for this process (a restart under the same
+    id takes the row over)."""
+    now = timezone.now()
+    WorkerProcess.objects.update_or_create(
+        id=worker_id,
+        defaults={
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "concurrency": concurrency,
+            "version": code_version(),
+            "started_at": now,
+            "heartbeat_at": now,
+            "stopped_at": None,
+        },
+    )
+
+
+def heartbeat(worker_id: str) -> None:
+    """Say that ``worker_id`` is alive now (re-registers a row an operator deleted)."""
+    if not WorkerProcess.objects.filter(id=worker_id).update(heartbeat_at=timezone.now()):
+        register(worker_id, 1)
+
+
+def stopped(worker_id: str) -> None:
+    """Record a graceful stop."""
+    now = timezone.now()
+    WorkerProcess.objects.filter(id=worker_id).update(heartbeat_at=now, stopped_at=now)
+
+
+class Registration(threading.Thread):
+    """Registers a worker, beats while it runs, and records its stop (``stop()``)."""
+
+    def __init__(self, worker_id: str, concurrency: int) -> None:
+        super().__init__(name=f"registry-{worker_id}", daemon=True)
+        self.worker_id = worker_id
+        self.concurrency = concurrency
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.done.wait(conf.heartbeat_seconds()):
+                self._safely(heartbeat, self.worker_id)
+            self._safely(stopped, self.worker_id)
+        finally:
+            connection.close()
+
+    def _safely(self, write: Callable[..., None], *args: Any) -> None:
+        try:
+            write(*args)
+        except Exception:  # the registry is for operators; it never stops a worker
+            log.warning("worker %s: registry write failed", self.worker_id, exc_info=True)
+            connection.close()  # a broken connection is reopened by the next write
+
+    def stop(self) -> None:
+        """Record the stop and wait (up to 2 s) for the write: a stopping worker is not held
+        up by a busy database (unrecorded, the worker turns stale instead of stopped)."""
+        self.done.set()
+        self.join(timeout=2)
+
+
+def start(worker_id: str, concurrency: int) -> Registration:
+    """Register ``worker_id`` now and keep it beating (on a daemon thread) until ``stop()`` on
+    the returned object; a failed registry write is logged, never raised."""
+    registration = Registration(worker_id, concurrency)
+    # Registered before the worker claims anything, so a held run always names a known worker.
+    registration._safely(register, worker_id, concurrency)
+    registration.start()
+    return registration

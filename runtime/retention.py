@@ -1,0 +1,274 @@
+"""Retention: prune old ended threads, and move a thread's log elsewhere (export / import).
+
+A thread's commit log is only meaningful whole (the fold starts at its first commit), so the
+unit of pruning and of export is the thread:
+
+- ``prune`` deletes, in batches, every thread whose runs have all ended and whose last run
+  ended before a cutoff, with the log and every projection of it. It keeps (and says why) a
+  thread with an unreconciled Indeterminate call (``inventory.unreconciled_calls``: an
+  operator still has to check the downstream system) or with an open child (a run not ended
+  whose ``metadata.parent_run_id`` names one of the thread's runs).
+- ``export_thread`` writes the log as JSON lines: one header line (the thread), then one line
+  per ThreadCommit in sequence order. ``import_thread`` folds those lines with the pure rule
+  book first (the same fold ``runtime_fsck`` uses), writes them through the coordinator
+  (the one write path) in one transaction, restores the original commit times, and checks
+  the result with ``fsck.check_thread``: any refusal or finding writes nothing.
+
+Export, import, export gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from django.db import connection, transaction
+from django.db.models import Count, Max, Q
+from django.utils.dateparse import parse_datetime
+
+from runtime import codec, fsck, inventory
+from runtime.coordinator import commit
+from runtime.domain.commit import CommitDraft, fold
+from runtime.domain.model import RunState
+from runtime.errors import ImportRefused, InvalidCommit, NotFound, RuntimeFault
+from runtime.models import ReconciliationRecord, Run, Thread, ThreadCommit, Ticket
+
+FORMAT = "runtime-thread-log/1"
+KeepReason = Literal["unreconciled_indeterminate", "open_child"]
+REASONS: dict[KeepReason, str] = {
+    "unreconciled_indeterminate": "an Indeterminate call whose effect may have started is "
+    "not reconciled (applied / not applied)",
+    "open_child": "a child run (metadata.parent_run_id) has not ended",
+}
+
+
+# -- prune ------------------------------------------------------------------------------------
+
+
+@dataclass
+class PruneReport:
+    """What ``prune`` did (or would do, on a dry run).
+
+    ``pruned``: counts of deleted rows by kind ("threads", "runs", "commits"); ``kept``:
+    ``{thread id: [reasons]}`` of eligible threads left alone.
+    """
+
+    dry_run: bool
+    cutoff: datetime
+    pruned: Counter[str] = field(default_factory=Counter)
+    kept: dict[str, list[KeepReason]] = field(default_factory=dict)
+
+
+def eligible_threads(cutoff: datetime) -> Any:
+    """Threads with at least one run, every run ended, the last one before ``cutoff``."""
+    return (
+        Thread.objects.filter(active_run__isnull=True)
+        .annotate(
+            n_runs=Count("runs"),
+            open_runs=Count("runs", filter=~Q(runs__state="ended")),
+            last_end=Max("runs__committed_at"),
+        )
+        .filter(n_runs__gt=0, open_runs=0, last_end__lt=cutoff)
+        .order_by("id")
+    )
+
+
+def keep_reasons(thread_ids: list[str]) -> dict[str, list[KeepReason]]:
+    """``{thread id: [reasons]}`` for the threads of ``thread_ids`` that must be kept."""
+    reasons: dict[str, list[KeepReason]] = {}
+    unsettled = (
+        inventory.unreconciled_calls()
+        .filter(run__thread_id__in=thread_ids)
+        .values_list("run__thread_id", flat=True)
+        .distinct()
+    )
+    for thread_id in unsettled:
+        reasons.setdefault(thread_id, []).append("unreconciled_indeterminate")
+    parents = {
+        str(parent)
+        for parent in Run.objects.exclude(state="ended")
+        .filter(metadata__has_key="parent_run_id")
+        .values_list("metadata__parent_run_id", flat=True)
+    }
+    if parents:
+        for thread_id in (
+            Run.objects.filter(id__in=parents, thread_id__in=thread_ids)
+            .values_list("thread_id", flat=True)
+            .distinct()
+        ):
+            reasons.setdefault(thread_id, []).append("open_child")
+    return reasons
+
+
+def _batches(cutoff: datetime, size: int) -> Iterator[list[str]]:
+    """Eligible thread ids, ``size`` at a time, by id (keyset: deletions do not shift it)."""
+    after = ""
+    while True:
+        batch = list(
+            eligible_threads(cutoff).filter(id__gt=after).values_list("id", flat=True)[:size]
+        )
+        if not batch:
+            return
+        yield batch
+        after = batch[-1]
+
+
+def prune(cutoff: datetime, *, dry_run: bool = False, batch_size: int = 500) -> PruneReport:
+    """Delete eligible threads (see the module docstring) ``batch_size`` threads per
+    transaction; on a dry run delete nothing and report what would go.
+
+    Each batch locks its threads (PostgreSQL), then decides again inside its transaction, so a
+    run started or a reconciliation recorded meanwhile is respected.
+    """
+    report = PruneReport(dry_run=dry_run, cutoff=cutoff)
+    for batch in _batches(cutoff, batch_size):
+        with transaction.atomic():
+            if connection.vendor == "postgresql" and not dry_run:
+                list(Thread.objects.select_for_update().filter(id__in=batch).values("id"))
+            still = list(eligible_threads(cutoff).filter(id__in=batch).values_list("id", flat=True))
+            kept = keep_reasons(still)
+            report.kept.update(kept)
+            doomed = [tid for tid in still if tid not in kept]
+            report.pruned["threads"] += len(doomed)
+            report.pruned["runs"] += Run.objects.filter(thread_id__in=doomed).count()
+            report.pruned["commits"] += ThreadCommit.objects.filter(thread_id__in=doomed).count()
+            if not dry_run and doomed:
+                Thread.objects.filter(id__in=doomed).delete()
+    return report
+
+
+# -- export / import --------------------------------------------------------------------------
+
+
+def _line(document: dict[str, Any]) -> str:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n"
+
+
+def export_thread(thread_id: str) -> Iterator[str]:
+    """The thread's log as JSON lines (each ending in a newline).
+
+    First ``{"format", "thread": {"id", "metadata", "created_at"}}``, then per commit, in
+    sequence order, ``{"seq", "run_id", "disposition", "messages", "events", "actor",
+    "created_at"}`` exactly as stored. Raises NotFound for an unknown thread.
+    """
+    thread = Thread.objects.filter(id=thread_id).values("id", "metadata", "created_at").first()
+    if thread is None:
+        raise NotFound(f"thread {thread_id} does not exist")
+    header = {**thread, "created_at": thread["created_at"].isoformat()}
+    yield _line({"format": FORMAT, "thread": header})
+    rows = (
+        ThreadCommit.objects.filter(thread_id=thread_id)
+        .order_by("seq")
+        .values("seq", "run_id", "disposition", "messages", "events", "actor", "created_at")
+    )
+    for row in rows.iterator():
+        yield _line({**row, "created_at": row["created_at"].isoformat()})
+
+
+def _parse(lines: Iterable[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    documents = []
+    for number, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            documents.append(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise ImportRefused(f"line {number} is not JSON: {exc}") from exc
+    if not documents or documents[0].get("format") != FORMAT:
+        raise ImportRefused(f"the first line must be a {FORMAT} header")
+    header, commits = documents[0], documents[1:]
+    if not isinstance(header.get("thread"), dict) or not header["thread"].get("id"):
+        raise ImportRefused("the header names no thread")
+    return header["thread"], commits
+
+
+def _time(value: Any, what: str) -> datetime:
+    parsed = parse_datetime(str(value)) if value else None
+    if parsed is None:
+        raise ImportRefused(f"{what} has no valid created_at: {value!r}")
+    return parsed
+
+
+def _drafts(thread_id: str, commits: list[dict[str, Any]]) -> list[tuple[int, CommitDraft]]:
+    drafts = []
+    for expected, row in enumerate(commits, 1):
+        if row.get("seq") != expected:
+            raise ImportRefused(f"commit {expected} is missing (found seq {row.get('seq')!r})")
+        try:
+            draft = CommitDraft(
+                thread_id=thread_id,
+                run_id=row.get("run_id"),
+                expected_version=expected - 1,
+                disposition=codec.load_disposition(row.get("disposition")),
+                messages=tuple(codec.load_message(m) for m in row.get("messages", [])),
+                events=tuple(codec.load_event(e) for e in row.get("events", [])),
+                actor=str(row.get("actor", "")),
+            )
+        except Exception as exc:  # pydantic's ValidationError, an unknown event type, ...
+            raise ImportRefused(f"commit {expected} does not decode: {exc}") from exc
+        drafts.append((expected, draft))
+    return drafts
+
+
+def import_thread(lines: Iterable[str]) -> dict[str, Any]:
+    """Load one exported thread log; return ``{"thread_id", "commits", "runs"}``.
+
+    Raises ImportRefused (nothing written) when the lines are malformed, the thread exists
+    already, a run in it has not ended, the fold refuses a commit (the rules of
+    ``runtime_fsck``), or the imported projections disagree with the log.
+    """
+    thread, commits = _parse(lines)
+    thread_id = str(thread["id"])
+    drafts = _drafts(thread_id, commits)
+    try:
+        folded = fold(thread_id, drafts)
+    except Exception as exc:  # the rule book's refusal, whatever its type
+        raise ImportRefused(f"the log is refused by the rules: {exc}") from exc
+    live = sorted(rid for rid, run in folded.runs.items() if run.state is not RunState.ENDED)
+    if live:
+        # This deployment's workers and operators would act on it a second time.
+        raise ImportRefused(f"only ended runs are imported; not ended: {', '.join(live)}")
+    times = {row["seq"]: _time(row.get("created_at"), f"commit {row['seq']}") for row in commits}
+    with transaction.atomic():
+        if Thread.objects.filter(id=thread_id).exists():
+            raise ImportRefused(f"thread {thread_id} exists already")
+        Thread.objects.create(id=thread_id, metadata=thread.get("metadata") or {})
+        try:
+            for _, draft in drafts:
+                commit(draft)
+        except (RuntimeFault, InvalidCommit) as exc:
+            raise ImportRefused(f"the coordinator refused the log: {exc}") from exc
+        _restore_times(thread_id, _time(thread.get("created_at"), "the thread"), times)
+        violations = fsck.check_thread(thread_id)
+        if violations:
+            raise ImportRefused(f"the imported thread fails the checker: {violations[0]}")
+    runs = Run.objects.filter(thread_id=thread_id).count()
+    return {"thread_id": thread_id, "commits": len(drafts), "runs": runs}
+
+
+def _restore_times(thread_id: str, created: datetime, times: dict[int, datetime]) -> None:
+    """Give the imported rows the times of the original commits (operational timestamps:
+    the coordinator stamped them "now")."""
+    Thread.objects.filter(id=thread_id).update(created_at=created)
+    rows = list(ThreadCommit.objects.filter(thread_id=thread_id))
+    for row in rows:
+        row.created_at = times[row.seq]
+    ThreadCommit.objects.bulk_update(rows, ["created_at"])
+    by_run: dict[str, list[int]] = {}
+    for row in rows:
+        if row.run_id:
+            by_run.setdefault(row.run_id, []).append(row.seq)
+    for run_id, seqs in by_run.items():
+        Run.objects.filter(id=run_id).update(
+            created_at=times[min(seqs)], committed_at=times[max(seqs)]
+        )
+    for ticket in Ticket.objects.filter(run__thread_id=thread_id):
+        ticket.created_at = times[ticket.opened_seq]
+        ticket.closed_at = times.get(ticket.closed_seq) if ticket.closed_seq else None
+        ticket.save(update_fields=["created_at", "closed_at"])
+    for record in ReconciliationRecord.objects.filter(thread_id=thread_id):
+        ReconciliationRecord.objects.filter(pk=record.pk).update(created_at=times[record.seq])

@@ -1,0 +1,60 @@
+"""``/healthz`` and ``/readyz``: what a load balancer asks, without signing in."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.db.migrations.recorder import MigrationRecorder
+from django.test import Client
+
+pytestmark = pytest.mark.django_db
+
+
+def _redis_layer(url: str) -> dict:
+    return {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [url]},
+        }
+    }
+
+
+def test_healthz_answers_without_signing_in():
+    response = Client().get("/healthz")
+    assert (response.status_code, response.json()) == (200, {"status": "ok"})
+    assert "no-cache" in response["Cache-Control"]
+
+
+def test_readyz_checks_database_migrations_and_channel_layer():
+    response = Client().get("/readyz")
+    assert response.status_code == 200, response.json()
+    assert response.json() == {
+        "status": "ready",
+        "checks": {"database": "ok", "migrations": "ok", "channel_layer": "ok"},
+    }
+
+
+def test_readyz_names_an_unapplied_migration():
+    MigrationRecorder.Migration.objects.filter(app="runtime", name="0005_ops").delete()
+    response = Client().get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["migrations"] == "RuntimeError: 1 unapplied: runtime.0005_ops"
+    assert response.json()["checks"]["database"] == "ok"
+
+
+def test_readyz_fails_when_redis_is_unreachable(settings):
+    settings.CHANNEL_LAYERS = _redis_layer("redis://127.0.0.1:1/0")
+    response = Client().get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["status"] == "unready"
+    assert "onnect" in response.json()["checks"]["channel_layer"]
+
+
+@pytest.mark.skipif(
+    not os.environ.get("RUNTIME_TEST_REDIS_URL"), reason="RUNTIME_TEST_REDIS_URL is not set"
+)
+def test_readyz_round_trips_through_redis(settings):
+    settings.CHANNEL_LAYERS = _redis_layer(os.environ["RUNTIME_TEST_REDIS_URL"])
+    response = Client().get("/readyz")
+    assert response.status_code == 200, response.json()
