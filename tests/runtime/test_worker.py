@@ -55,7 +55,7 @@ def _worker_actors(run_id: str) -> list[str]:
 def test_signal_mid_run_stops_at_the_boundary_and_the_next_worker_continues(
     start, spawn_worker, worker, signum
 ):
-    run_id = start(tool_step(("slow", {"seconds": 2}), *LEDGER_BATCH), text_step())
+    run_id = start(tool_step(("slow", {"seconds": 10}), *LEDGER_BATCH), text_step())
     first = spawn_worker(until_idle=False, worker_id="first")
     wait_for(lambda: _phase(run_id, 0) == "executing", what="the slow call to start")
     seen = commit_count(run_row(run_id).thread_id)
@@ -64,7 +64,7 @@ def test_signal_mid_run_stops_at_the_boundary_and_the_next_worker_continues(
     first.signal(signum)
     code, err = first.wait(timeout=10)
     assert code == 0, err
-    assert time.monotonic() - signalled < 1.5  # it did not wait for the 2 s call
+    assert time.monotonic() - signalled < 6  # it did not wait for the 10 s call
     assert "stopping after this boundary" in err
     # Nothing more was committed, and the lease is given back for the next worker.
     assert commit_count(run_row(run_id).thread_id) == seen
