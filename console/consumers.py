@@ -26,6 +26,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from console.models import READ
 from runtime.live import ALL_RUNS_GROUP, bind_to_running_loop, run_group
 from runtime.models import Run, StreamCheckpoint, ThreadCommit
+from runtime.untrusted import is_id
 
 # Close codes (4000-4999 are the application's): sent when the handshake is refused after
 # the socket was accepted; before acceptance a refusal is an HTTP 403 on the upgrade.
@@ -115,6 +116,10 @@ class RunConsumer(_LiveConsumer):
         if not await self._authorised():
             return
         run_id = self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        if not is_id(run_id):  # names no run, and is no valid channel-layer group name
+            await self.accept()
+            await self.close(code=NOT_FOUND)
+            return
         # Join before reading, so no commit can fall between the read and the subscription.
         self.group = run_group(run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)

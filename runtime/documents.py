@@ -10,6 +10,7 @@ from typing import Any
 
 from runtime.errors import NotFound
 from runtime.models import LateEvidence, MessageRecord, Run, Ticket, ToolCallRecord
+from runtime.untrusted import is_id
 
 # The columns a list of runs reads (the API's run summaries, the console's runs page).
 RUN_SUMMARY_FIELDS = (
@@ -114,7 +115,9 @@ def run_document(run_id: str) -> dict[str, Any]:
     servers the run's calls used), messages (this run's committed messages), created_at,
     committed_at. Raises NotFound for an unknown id.
     """
-    run = Run.objects.defer("snapshot").filter(id=run_id).first()  # the document lists calls
+    run = (
+        Run.objects.defer("snapshot").filter(id=run_id).first() if is_id(run_id) else None
+    )  # deferred: the document lists calls from their rows
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
     calls = list(ToolCallRecord.objects.filter(run_id=run_id).order_by("step", "index"))

@@ -44,9 +44,24 @@ from runtime.errors import (
 from runtime.models import CommandRecord, Thread, ToolCallRecord, new_id
 from runtime.providers.scripted import parse_script
 from runtime.tools import ToolArgumentsError
-from runtime.untrusted import UntrustedJSONError, answer_problem, check_depth
+from runtime.untrusted import UntrustedJSONError, answer_problem, check_storable, is_id
 
 CONFLICT_RETRIES = 5  # a command re-reads and re-decides when a worker commits first
+
+
+def _storable(value: Any, what: str) -> None:
+    """Refuse what no database stores (NUL, lone surrogates, NaN, nesting over 32 levels)
+    before anything is written: InvalidCommit, whichever surface sent it."""
+    try:
+        check_storable(value, what)
+    except UntrustedJSONError as exc:
+        raise InvalidCommit(str(exc)) from None
+
+
+def _require_id(value: str | None, what: str) -> None:
+    """An id the runtime never issued names nothing: NotFound, before any query."""
+    if value is not None and not is_id(value):
+        raise NotFound(f"{what} {value!r} does not exist")
 
 
 def _messages_from_input(input: str | list[dict[str, Any]]) -> tuple[Message, ...]:
@@ -82,10 +97,9 @@ def start_run(
     """
     get_agent(agent)
     metadata = dict(metadata or {})
-    try:
-        check_depth(metadata, "metadata")
-    except UntrustedJSONError as exc:
-        raise InvalidCommit(str(exc)) from exc
+    _storable(metadata, "metadata")
+    _storable(input, "the input")
+    _require_id(thread_id, "thread")
     if "script" in metadata:
         if not conf.allow_scripted():
             raise ScriptRefused("scripted runs are disabled (RUNTIME_ALLOW_SCRIPTED)")
@@ -211,6 +225,8 @@ def resume(
     committed ticket decides, seed: "call at Awaiting"), InvalidInput when an input answer
     fails the ticket's JSON schema, IdempotencyKeyReused. Nothing is written on refusal.
     """
+    _require_id(run_id, "run")
+    _storable([command.input, command.reason, command.ticket_id], "the command")
     payload = {
         "ticket_id": command.ticket_id,
         "kind": command.kind.value,
@@ -311,6 +327,9 @@ def cancel(
     terminus back and nothing is written. Raises NotFound for an unknown run.
     """
 
+    _require_id(run_id, "run")
+    _storable(reason, "the reason")
+
     def act() -> dict[str, Any]:
         end_run(run_id, EndCause.CANCELLED, actor=actor, reason=reason)
         tracing.request_linked("cancel", run_id, actor=actor)
@@ -335,6 +354,8 @@ def reconcile(
     Raises NotFound, InvalidCommit (not Indeterminate, unknown outcome), and for the
     follow-up UnknownAgent or RunAlreadyActive; on any refusal nothing is written.
     """
+    _require_id(call_id, "tool call")
+    _storable([outcome, evidence], "the reconciliation")
     call = ToolCallRecord.objects.select_related("run").filter(id=call_id).first()
     if call is None:
         raise NotFound(f"tool call {call_id} does not exist")

@@ -105,36 +105,50 @@ def depth(value: Any) -> int:
 def check_depth(value: Any, what: str) -> None:
     """Raise UntrustedJSONError when ``value`` nests deeper than MAX_DEPTH."""
     if depth(value) > MAX_DEPTH:
-        raise UntrustedJSONError(f"{what} nests deeper than {MAX_DEPTH} levels")
+        raise UntrustedJSONError(f"{what}: nesting deeper than {MAX_DEPTH} levels")
 
 
-def parse_object(text: str) -> dict[str, Any]:
-    """Parse the model's argument text into a JSON object; raise UntrustedJSONError.
+def parse_json(text: str, what: str = "arguments") -> Any:
+    """Parse untrusted JSON text into a value every database stores; raise UntrustedJSONError.
 
     Refused (the message says which, without echoing the text): invalid JSON, NaN, infinities
     and numbers out of range, integers over MAX_INT_DIGITS digits, nesting deeper than
     MAX_DEPTH (also when it is too deep to parse at all), NUL or lone surrogates in any
-    string or key, and anything but an object at the top.
+    string or key.
     """
     try:
         value = json.loads(
-            text or "{}",
-            parse_constant=_refuse_constant,
-            parse_float=_finite_float,
-            parse_int=_bounded_int,
+            text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int
         )
     except UntrustedJSONError:
         raise
     except RecursionError as exc:
-        raise UntrustedJSONError(f"arguments nest deeper than {MAX_DEPTH} levels") from exc
+        raise UntrustedJSONError(f"{what}: nesting deeper than {MAX_DEPTH} levels") from exc
     except json.JSONDecodeError as exc:
-        raise UntrustedJSONError(f"arguments are not valid JSON: {exc}") from exc
+        raise UntrustedJSONError(f"{what}: not valid JSON: {exc}") from exc
     except ValueError as exc:  # e.g. a number Python will not convert
-        raise UntrustedJSONError("arguments hold a value out of range") from exc
+        raise UntrustedJSONError(f"{what}: a value out of range") from exc
+    check_storable(value, what)
+    return value
+
+
+def parse_object(text: str) -> dict[str, Any]:
+    """Parse the model's argument text into a JSON object (``parse_json``'s rules); raise
+    UntrustedJSONError."""
+    value = parse_json(text or "{}")
     if not isinstance(value, dict):
         raise UntrustedJSONError("arguments must be a JSON object")
-    check_storable(value, "arguments")
     return value
+
+
+ID_PATTERN = r"^[0-9A-Za-z_-]{1,64}$"  # every id the runtime issues (uuid hex, slugs)
+_ID = re.compile(ID_PATTERN)
+
+
+def is_id(text: object) -> bool:
+    """Whether ``text`` has the shape of an id the runtime issues; anything else names
+    nothing, so lookups answer "not found" without sending it to the database."""
+    return isinstance(text, str) and _ID.fullmatch(text) is not None
 
 
 def _search(pattern: str, text: str) -> bool:

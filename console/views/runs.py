@@ -34,6 +34,7 @@ from runtime.models import (
     Ticket,
     ToolCallRecord,
 )
+from runtime.untrusted import is_id
 
 PAGE_SIZE = 50
 STATES = ("running", "awaiting", "ended")
@@ -47,9 +48,10 @@ def _cursor(run: Run) -> str:
 def _parse_cursor(raw: str) -> tuple[datetime, str] | None:
     stamp, _, run_id = raw.partition("~")
     try:
-        return datetime.fromisoformat(stamp), run_id
+        when = datetime.fromisoformat(stamp)
     except ValueError:
         return None
+    return (when, run_id) if is_id(run_id) else None
 
 
 def _counts() -> dict[str, Any]:
