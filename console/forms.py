@@ -19,6 +19,7 @@ from typing import Any
 from django import forms
 
 from runtime.agents import registry
+from runtime.operations import reconciliation_problem
 from runtime.untrusted import UntrustedJSONError, parse_json
 
 # Example scripts for the scripted demo agent. A response without tool calls ends the run, so
@@ -204,8 +205,9 @@ class ReconcileForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if data.get("outcome") == "applied" and not (data.get("evidence") or "").strip():
-            self.add_error("evidence", "Applied needs evidence: say where the effect shows.")
+        problem = reconciliation_problem(data.get("outcome") or "", data.get("evidence") or "")
+        if problem is not None:
+            self.add_error("evidence", problem)
         return data
 
 

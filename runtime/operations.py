@@ -37,6 +37,7 @@ from runtime.errors import (
     InvalidCommit,
     InvalidInput,
     NotFound,
+    RunEnded,
     RuntimeFault,
     ScriptRefused,
     VersionConflict,
@@ -190,9 +191,14 @@ def _answered(
         return response
 
 
-def _commit_retrying(run_id: str, build: Callable[[RunView], CommitDraft | None]) -> None:
+def _commit_retrying(
+    run_id: str,
+    build: Callable[[RunView], CommitDraft | None],
+    retry_on: tuple[type[RuntimeFault], ...] = (VersionConflict,),
+) -> None:
     """Read the committed run and its thread's head in one query, build the draft on them and
-    commit it; when a worker commits first, read both again and rebuild.
+    commit it; when a worker commits first (or the commit finds a refusal in ``retry_on``),
+    read both again and rebuild.
 
     ``build(run)`` returns the draft (its ``expected_version`` is filled in here), or None
     when there is nothing to write. Raises what ``build`` or the coordinator raises.
@@ -207,7 +213,7 @@ def _commit_retrying(run_id: str, build: Callable[[RunView], CommitDraft | None]
         try:
             commit(replace(draft, expected_version=head.version), head=head, before=run)
             return
-        except VersionConflict:
+        except retry_on:
             if attempt == CONFLICT_RETRIES - 1:
                 raise
 
@@ -311,7 +317,9 @@ def end_run(
             actor=actor,
         )
 
-    _commit_retrying(run_id, build)
+    # An end that lands between this read and the commit is found by the commit as RunEnded:
+    # the fresh read then sees the run Ended and leaves it as is (the terminus, never a 409).
+    _commit_retrying(run_id, build, retry_on=(VersionConflict, RunEnded))
 
 
 def cancel(
@@ -338,6 +346,17 @@ def cancel(
     return _answered(run_id, idempotency_key, {"cancel": reason}, act)
 
 
+def reconciliation_problem(outcome: str, evidence: str) -> str | None:
+    """Say why a reconciliation cannot be recorded as given, or return None.
+
+    The one rule every surface applies (DESIGN.md, "Reconciliation": *applied with
+    evidence*): an outcome of "applied" needs evidence saying where the effect shows.
+    """
+    if outcome == "applied" and not evidence.strip():
+        return "Applied needs evidence: say where the effect shows."
+    return None
+
+
 def reconcile(
     call_id: str,
     *,
@@ -356,6 +375,8 @@ def reconcile(
     """
     _require_id(call_id, "tool call")
     _storable([outcome, evidence], "the reconciliation")
+    if (problem := reconciliation_problem(outcome, evidence)) is not None:
+        raise InvalidCommit(problem)
     call = ToolCallRecord.objects.select_related("run").filter(id=call_id).first()
     if call is None:
         raise NotFound(f"tool call {call_id} does not exist")

@@ -54,6 +54,44 @@ class EventsQuery(Schema):
     )
 
 
+# The 200 answer in OpenAPI terms: an event stream (OpenAPI 3.2's ``itemSchema`` types each
+# event; ``data`` is JSON: a CommitOut with "confirmed": true, a live delta, or the end).
+EVENT_STREAM_CONTENT: dict[str, Any] = {
+    "schema": {"type": "string", "contentMediaType": "text/event-stream"},
+    "itemSchema": {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"type": "string", "enum": ["commit", "delta", "end"]},
+            "id": {"type": "string", "description": "the commit's sequence (commit events)"},
+            "retry": {"type": "integer", "description": "reconnect delay, milliseconds"},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": {
+                    "oneOf": [
+                        {"$ref": "#/components/schemas/CommitOut"},
+                        {
+                            "type": "object",
+                            "description": "a live delta",
+                            "properties": {"confirmed": {"const": False}},
+                        },
+                        {
+                            "type": "object",
+                            "description": "the end: run_id, seq and the Ended disposition",
+                            "properties": {
+                                "run_id": {"type": "string"},
+                                "seq": {"type": "integer"},
+                            },
+                        },
+                    ]
+                },
+            },
+        },
+    },
+}
+
+
 def sse(*, event: str, data: dict[str, Any], id: int | None = None) -> str:
     """Format one Server-Sent Event; the JSON payload is a single ``data`` line."""
     head = f"id: {id}\n" if id is not None else ""
@@ -179,7 +217,7 @@ async def stream_run(
                 "description": "text/event-stream: `commit` events (id = commit sequence, "
                 'data = the log entry with "confirmed": true), with ?live=1 `delta` events '
                 '(no id, "confirmed": false), then one `end` event after the Ended commit.',
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                "content": {"text/event-stream": EVENT_STREAM_CONTENT},
             },
             "204": {"description": "the run has ended and the client has every commit"},
         }
