@@ -24,7 +24,7 @@ from console.views.reconcile import mark_corrections
 from console.views.tickets import attach_notes, build_card
 from runtime import operations
 from runtime.agents import registry
-from runtime.documents import RUN_SUMMARY_FIELDS, run_document
+from runtime.documents import RUN_SUMMARY_FIELDS, consistent, run_document
 from runtime.errors import NotFound, RuntimeFault
 from runtime.models import (
     MessageRecord,
@@ -206,6 +206,7 @@ def _log_page(
     return shown, (shown[0].seq if len(log) > len(shown) else None)
 
 
+@consistent
 def run_context(
     run_id: str, *, log_kind: str = "", log_before: int | None = None
 ) -> dict[str, Any]:
