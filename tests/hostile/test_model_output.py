@@ -9,11 +9,13 @@ no tool must run (the ledger stays empty).
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 
 from runtime.documents import run_document
 from runtime.models import LedgerEffect
 from runtime.providers.base import InferenceResult, ToolCallOut
-from tests.hostile.corpus import ARGUMENT_TEXTS
+from tests.hostile.corpus import ARGUMENT_TEXTS, TEXT
+from tests.hostile.test_surfaces import assert_inert
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,3 +57,21 @@ def test_unstorable_model_text_is_escaped_not_refused() -> None:
     assert out.text == "a\\u0000b\\ud800"
     [call] = out.tool_calls
     assert (call.id, call.name, call.arguments) == ("c\\u0000", "n\\ud800", '{"k": "\\u0000"}')
+
+
+def test_hostile_model_output_renders_inert(start, work_inline, make_user) -> None:
+    """What the model wrote (HTML, script, hostile arguments) is text on every page."""
+    html = TEXT["html"]
+    hostile = ARGUMENT_TEXTS["nul"].replace("a\\u0000b", html.replace('"', '\\"'))
+    run_id = start(
+        {"text": html, "tool_calls": [{"name": "ledger_approval", "arguments": hostile}]},
+        {"tool_calls": [{"name": html, "arguments": ARGUMENT_TEXTS["lone_surrogate"]}]},
+    )
+    work_inline()
+    user, _ = make_user("olga", superuser=True)
+    client = Client()
+    client.force_login(user)
+    for path in (f"/runs/{run_id}/", "/inbox/", "/", "/reconcile/?show=all"):
+        response = client.get(path)
+        assert response.status_code == 200, path
+        assert_inert(response.content.decode())
