@@ -12,40 +12,55 @@ in-memory layer cannot reach it, so each consumer also looks at the log every
 ``WATCH_SECONDS`` and sends a commit notice when it moved: the page is never left stale.
 Such a notice carries the run's committed ``seq`` and ``state`` like a real one, so a page
 that already saw that commit ignores it (a notice without them once reset the live panel).
+Every ``ACCESS_SECONDS`` it reads its user afresh and closes with 4403 once the user is
+deactivated or no longer may read (issue 12: a removed viewer kept an open socket). These
+reads run on the thread pool, not on the one thread that serves the process's sync views.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.contrib.auth import get_user_model
 
+from console.db import off_loop
 from console.models import READ
 from runtime.live import ALL_RUNS_GROUP, bind_to_running_loop, run_group
 from runtime.models import Run, StreamCheckpoint, ThreadCommit
+from runtime.untrusted import is_id
 
 # Close codes (4000-4999 are the application's): sent when the handshake is refused after
 # the socket was accepted; before acceptance a refusal is an HTTP 403 on the upgrade.
 NOT_FOUND = 4404
+FORBIDDEN = 4403
 WATCH_SECONDS = 1.0
+ACCESS_SECONDS = 2.0
 
 
-@database_sync_to_async
+@off_loop
 def _may_read(user: Any) -> bool:
     return bool(
         user is not None and user.is_authenticated and user.is_active and user.has_perm(READ)
     )
 
 
-@database_sync_to_async
+@off_loop
+def _may_still_read(user_pk: Any) -> bool:
+    """The user read afresh (no permission cache): still active and allowed to read."""
+    user = get_user_model().objects.filter(pk=user_pk).first()
+    return bool(user is not None and user.is_active and user.has_perm(READ))
+
+
+@off_loop
 def _committed(run_id: str) -> dict[str, Any] | None:
     return Run.objects.filter(id=run_id).values("version", "state", "end_cause", "step").first()
 
 
-@database_sync_to_async
+@off_loop
 def _stream_so_far(run_id: str, step: int) -> dict[str, Any] | None:
     """The in-flight step's checkpointed text (unconfirmed), so a late viewer sees its start."""
     return (
@@ -55,7 +70,7 @@ def _stream_so_far(run_id: str, step: int) -> dict[str, Any] | None:
     )
 
 
-@database_sync_to_async
+@off_loop
 def _latest_commit_id() -> int | None:
     return ThreadCommit.objects.order_by("-id").values_list("id", flat=True).first()
 
@@ -71,10 +86,18 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
     def watch(self, seen: Any) -> None:
         """Look at the log every WATCH_SECONDS; ``seen`` is the seq the client was sent."""
 
+        user_pk = self.scope["user"].pk
+
         async def loop() -> None:
             nonlocal seen
+            next_access = time.monotonic() + ACCESS_SECONDS
             while True:
                 await asyncio.sleep(WATCH_SECONDS)
+                if time.monotonic() >= next_access:
+                    if not await _may_still_read(user_pk):
+                        await self.close(code=FORBIDDEN)
+                        return
+                    next_access = time.monotonic() + ACCESS_SECONDS
                 now = await self.mark()
                 if now is not None and now["seq"] != seen:
                     seen = now["seq"]
@@ -115,6 +138,10 @@ class RunConsumer(_LiveConsumer):
         if not await self._authorised():
             return
         run_id = self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        if not is_id(run_id):  # names no run, and is no valid channel-layer group name
+            await self.accept()
+            await self.close(code=NOT_FOUND)
+            return
         # Join before reading, so no commit can fall between the read and the subscription.
         self.group = run_group(run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)

@@ -19,6 +19,8 @@ from typing import Any
 from django import forms
 
 from runtime.agents import registry
+from runtime.operations import reconciliation_problem
+from runtime.untrusted import UntrustedJSONError, parse_json
 
 # Example scripts for the scripted demo agent. A response without tool calls ends the run, so
 # streamed text that leads to a tool call rides in the same step as the call.
@@ -155,9 +157,9 @@ class StartRunForm(forms.Form):
         if not raw:
             return None
         try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"not valid JSON: {exc}") from exc
+            value = parse_json(raw, "the script")
+        except UntrustedJSONError as exc:
+            raise forms.ValidationError(str(exc)) from exc
         if not isinstance(value, dict):
             raise forms.ValidationError('the script is a JSON object: {"steps": [...]}')
         return value
@@ -203,8 +205,9 @@ class ReconcileForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if data.get("outcome") == "applied" and not (data.get("evidence") or "").strip():
-            self.add_error("evidence", "Applied needs evidence: say where the effect shows.")
+        problem = reconciliation_problem(data.get("outcome") or "", data.get("evidence") or "")
+        if problem is not None:
+            self.add_error("evidence", problem)
         return data
 
 
@@ -235,9 +238,9 @@ class JSONTextField(forms.CharField):
         if text in self.empty_values:
             return None
         try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"not valid JSON: {exc.msg}") from exc
+            return parse_json(text, "the value")
+        except UntrustedJSONError as exc:
+            raise forms.ValidationError(str(exc)) from exc
 
 
 class BooleanChoiceField(forms.TypedChoiceField):

@@ -1,15 +1,23 @@
 """The run document: the one JSON shape the CLI (``runtime_show --json``) and the API share.
 
-Built from the projections only (committed facts), in a fixed number of queries.
+Built from the projections only (committed facts), in a fixed number of queries, all inside
+one ``snapshot()``: every row it shows comes from the same moment of the log, so the document
+is exactly the fold of its run's log up to its ``version`` (issue 12: without it, a commit
+landing between two of the reads made states no commit produced).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from functools import wraps
 from typing import Any
+
+from django.db import connection, transaction
 
 from runtime.errors import NotFound
 from runtime.models import LateEvidence, MessageRecord, Run, Ticket, ToolCallRecord
+from runtime.untrusted import is_id
 
 # The columns a list of runs reads (the API's run summaries, the console's runs page).
 RUN_SUMMARY_FIELDS = (
@@ -24,6 +32,49 @@ RUN_SUMMARY_FIELDS = (
     "created_at",
     "committed_at",
 )
+
+
+@contextmanager
+def snapshot() -> Iterator[None]:
+    """Make every read inside the block see one consistent state of the committed log.
+
+    PostgreSQL: one read-only transaction at REPEATABLE READ (its snapshot is taken by the
+    first query). SQLite: one DEFERRED transaction, which under WAL keeps the database as of
+    its first read without taking the write lock (the project's IMMEDIATE mode would hold
+    every writer off while a page renders). Inside a caller's transaction the block adds
+    nothing: reads there already see that transaction's state, and after a commit the caller
+    holds the thread's row, so no other commit of the thread lands between the reads.
+    Only reads belong in the block.
+    """
+    if connection.in_atomic_block:
+        yield
+        return
+    if connection.vendor == "sqlite":
+        connection.ensure_connection()
+        mode = connection.transaction_mode  # type: ignore[attr-defined]
+        connection.transaction_mode = "DEFERRED"  # type: ignore[attr-defined]
+        try:
+            with transaction.atomic():
+                connection.transaction_mode = mode  # type: ignore[attr-defined]
+                yield
+        finally:
+            connection.transaction_mode = mode  # type: ignore[attr-defined]
+        return
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
+
+
+def consistent[**P, R](read: Callable[P, R]) -> Callable[P, R]:
+    """Decorate a function whose reads must all come from one ``snapshot()``."""
+
+    @wraps(read)
+    def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+        with snapshot():
+            return read(*args, **kwargs)
+
+    return wrapped
 
 
 def late_documents(call: ToolCallRecord, late: list[LateEvidence]) -> dict[str, Any]:
@@ -106,15 +157,19 @@ def ticket_document(ticket: Ticket) -> dict[str, Any]:
     }
 
 
+@consistent
 def run_document(run_id: str) -> dict[str, Any]:
     """Return the committed state of a run as the contract's run document.
 
     Keys: id, thread_id, agent, state, end_cause, error, version, step, ticket (open ticket or
     None), batches (with every call, each with its pinned ``source``), mcp_servers (the MCP
     servers the run's calls used), messages (this run's committed messages), created_at,
-    committed_at. Raises NotFound for an unknown id.
+    committed_at; all read in one snapshot, so ``version`` is the commit it shows. Raises
+    NotFound for an unknown id.
     """
-    run = Run.objects.defer("snapshot").filter(id=run_id).first()  # the document lists calls
+    run = (
+        Run.objects.defer("snapshot").filter(id=run_id).first() if is_id(run_id) else None
+    )  # deferred: the document lists calls from their rows
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
     calls = list(ToolCallRecord.objects.filter(run_id=run_id).order_by("step", "index"))

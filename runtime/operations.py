@@ -37,6 +37,7 @@ from runtime.errors import (
     InvalidCommit,
     InvalidInput,
     NotFound,
+    RunEnded,
     RuntimeFault,
     ScriptRefused,
     VersionConflict,
@@ -44,9 +45,24 @@ from runtime.errors import (
 from runtime.models import CommandRecord, Thread, ToolCallRecord, new_id
 from runtime.providers.scripted import parse_script
 from runtime.tools import ToolArgumentsError
-from runtime.untrusted import UntrustedJSONError, answer_problem, check_depth
+from runtime.untrusted import UntrustedJSONError, answer_problem, check_storable, is_id
 
 CONFLICT_RETRIES = 5  # a command re-reads and re-decides when a worker commits first
+
+
+def _storable(value: Any, what: str) -> None:
+    """Refuse what no database stores (NUL, lone surrogates, NaN, nesting over 32 levels)
+    before anything is written: InvalidCommit, whichever surface sent it."""
+    try:
+        check_storable(value, what)
+    except UntrustedJSONError as exc:
+        raise InvalidCommit(str(exc)) from None
+
+
+def _require_id(value: str | None, what: str) -> None:
+    """An id the runtime never issued names nothing: NotFound, before any query."""
+    if value is not None and not is_id(value):
+        raise NotFound(f"{what} {value!r} does not exist")
 
 
 def _messages_from_input(input: str | list[dict[str, Any]]) -> tuple[Message, ...]:
@@ -82,10 +98,9 @@ def start_run(
     """
     get_agent(agent)
     metadata = dict(metadata or {})
-    try:
-        check_depth(metadata, "metadata")
-    except UntrustedJSONError as exc:
-        raise InvalidCommit(str(exc)) from exc
+    _storable(metadata, "metadata")
+    _storable(input, "the input")
+    _require_id(thread_id, "thread")
     if "script" in metadata:
         if not conf.allow_scripted():
             raise ScriptRefused("scripted runs are disabled (RUNTIME_ALLOW_SCRIPTED)")
@@ -176,9 +191,14 @@ def _answered(
         return response
 
 
-def _commit_retrying(run_id: str, build: Callable[[RunView], CommitDraft | None]) -> None:
+def _commit_retrying(
+    run_id: str,
+    build: Callable[[RunView], CommitDraft | None],
+    retry_on: tuple[type[RuntimeFault], ...] = (VersionConflict,),
+) -> None:
     """Read the committed run and its thread's head in one query, build the draft on them and
-    commit it; when a worker commits first, read both again and rebuild.
+    commit it; when a worker commits first (or the commit finds a refusal in ``retry_on``),
+    read both again and rebuild.
 
     ``build(run)`` returns the draft (its ``expected_version`` is filled in here), or None
     when there is nothing to write. Raises what ``build`` or the coordinator raises.
@@ -193,7 +213,7 @@ def _commit_retrying(run_id: str, build: Callable[[RunView], CommitDraft | None]
         try:
             commit(replace(draft, expected_version=head.version), head=head, before=run)
             return
-        except VersionConflict:
+        except retry_on:
             if attempt == CONFLICT_RETRIES - 1:
                 raise
 
@@ -211,6 +231,8 @@ def resume(
     committed ticket decides, seed: "call at Awaiting"), InvalidInput when an input answer
     fails the ticket's JSON schema, IdempotencyKeyReused. Nothing is written on refusal.
     """
+    _require_id(run_id, "run")
+    _storable([command.input, command.reason, command.ticket_id], "the command")
     payload = {
         "ticket_id": command.ticket_id,
         "kind": command.kind.value,
@@ -295,7 +317,9 @@ def end_run(
             actor=actor,
         )
 
-    _commit_retrying(run_id, build)
+    # An end that lands between this read and the commit is found by the commit as RunEnded:
+    # the fresh read then sees the run Ended and leaves it as is (the terminus, never a 409).
+    _commit_retrying(run_id, build, retry_on=(VersionConflict, RunEnded))
 
 
 def cancel(
@@ -311,12 +335,26 @@ def cancel(
     terminus back and nothing is written. Raises NotFound for an unknown run.
     """
 
+    _require_id(run_id, "run")
+    _storable(reason, "the reason")
+
     def act() -> dict[str, Any]:
         end_run(run_id, EndCause.CANCELLED, actor=actor, reason=reason)
         tracing.request_linked("cancel", run_id, actor=actor)
         return run_document(run_id)
 
     return _answered(run_id, idempotency_key, {"cancel": reason}, act)
+
+
+def reconciliation_problem(outcome: str, evidence: str) -> str | None:
+    """Say why a reconciliation cannot be recorded as given, or return None.
+
+    The one rule every surface applies (DESIGN.md, "Reconciliation": *applied with
+    evidence*): an outcome of "applied" needs evidence saying where the effect shows.
+    """
+    if outcome == "applied" and not evidence.strip():
+        return "Applied needs evidence: say where the effect shows."
+    return None
 
 
 def reconcile(
@@ -335,6 +373,10 @@ def reconcile(
     Raises NotFound, InvalidCommit (not Indeterminate, unknown outcome), and for the
     follow-up UnknownAgent or RunAlreadyActive; on any refusal nothing is written.
     """
+    _require_id(call_id, "tool call")
+    _storable([outcome, evidence], "the reconciliation")
+    if (problem := reconciliation_problem(outcome, evidence)) is not None:
+        raise InvalidCommit(problem)
     call = ToolCallRecord.objects.select_related("run").filter(id=call_id).first()
     if call is None:
         raise NotFound(f"tool call {call_id} does not exist")

@@ -50,7 +50,18 @@ class TokenAuth(HttpBearer):
                 f"{row.user.get_username()} lacks the permission {self.permission}",
                 permission=self.permission,
             )
+        request.api_token_id = row.pk  # type: ignore[attr-defined]  # streams re-check it
         return row.user
+
+
+def token_still_allows(token_id: int, permission: str) -> bool:
+    """Whether the token is still unrevoked, its user active and holding ``permission``.
+
+    Open streams call this every few seconds (issue 12: a revoked token kept streaming). The
+    user is read afresh, so no permission cache of the request's user object answers.
+    """
+    row = ApiToken.objects.active().select_related("user").filter(pk=token_id).first()
+    return row is not None and row.user.is_active and row.user.has_perm(permission)
 
 
 read_auth = TokenAuth(READ)

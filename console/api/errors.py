@@ -17,6 +17,7 @@ from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
@@ -127,8 +128,9 @@ def install(api: NinjaAPI) -> None:
         return error_response(500, "internal_error", "internal server error")
 
 
+@csrf_exempt  # the API authenticates by token; a POST to no operation is a 404, not a 403 page
 def not_found_view(request: HttpRequest, path: str = "") -> JsonResponse:
-    """Answer any path under the API prefix that no operation serves."""
+    """Answer any path under the API prefix that no operation serves, whatever the method."""
     return error_response(
         404, "not_found", f"no API operation at {request.path}", {"docs": "/api/v1/docs"}
     )

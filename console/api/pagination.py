@@ -17,6 +17,7 @@ from typing import Any
 from django.db.models import Model, Q, QuerySet
 
 from console.api.errors import InvalidCursor
+from runtime.untrusted import is_id
 
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"
 
@@ -32,9 +33,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         at, pk = json.loads(raw)
         when = datetime.fromisoformat(at)
-        if not isinstance(pk, str) or when.tzinfo is None:
+        if not is_id(pk) or when.tzinfo is None:
             raise ValueError(pk)
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+    except (binascii.Error, ValueError, TypeError, RecursionError) as exc:
         raise InvalidCursor(cursor=cursor) from exc
     return when, pk
 

@@ -33,6 +33,7 @@ from console.api.schemas import (
     RunStateName,
 )
 from runtime import operations
+from runtime.documents import snapshot
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.errors import NotFound, RuntimeFault
 from runtime.models import Run, ThreadCommit
@@ -139,11 +140,12 @@ def list_commits(
 ) -> dict[str, Any]:
     """The run's commits in sequence order, each with its disposition, messages and events.
     Sequences are per thread, so a run's commits need not be consecutive."""
-    if not Run.objects.filter(id=run_id).exists():
-        raise NotFound(f"run {run_id} does not exist")
-    rows = list(
-        ThreadCommit.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[: limit + 1]
-    )
+    with snapshot():
+        if not Run.objects.filter(id=run_id).exists():
+            raise NotFound(f"run {run_id} does not exist")
+        rows = list(
+            ThreadCommit.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[: limit + 1]
+        )
     more = len(rows) > limit
     rows = rows[:limit]
     return {

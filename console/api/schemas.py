@@ -8,11 +8,12 @@ the ISO 8601 strings the run document carries, so the API and ``runtime_show --j
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
+
+from runtime.untrusted import UntrustedJSONError, check_storable, text_problem
 
 # -- constrained values ---------------------------------------------------------------------------
 
@@ -22,29 +23,17 @@ MAX_SEQ = 2**63 - 1  # a commit sequence fits a signed 64-bit column on every da
 
 
 def _no_surrogates(value: str) -> str:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+    if (problem := text_problem(value)) is not None:
+        raise ValueError(problem)
     return value
 
 
 def _storable_json(value: Any) -> Any:
-    """Refuse JSON the databases cannot store: NUL or surrogates in text, NaN or infinities."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError("text may not contain NUL characters")
-        _no_surrogates(value)
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("numbers must be finite")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _storable_json(key)
-            _storable_json(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _storable_json(item)
+    """Refuse JSON the databases cannot store (the runtime's one rule: ``check_storable``)."""
+    try:
+        check_storable(value, "the value")
+    except UntrustedJSONError as exc:
+        raise ValueError(str(exc)) from None
     return value
 
 

@@ -14,6 +14,7 @@ from console.api.documents import SUMMARY_FIELDS, run_summary
 from console.api.errors import errors
 from console.api.schemas import Id, RunIn, RunOut, ThreadIn, ThreadOut
 from runtime import operations
+from runtime.documents import snapshot
 from runtime.errors import NotFound
 from runtime.models import MessageRecord, Run, Thread
 
@@ -71,7 +72,8 @@ def create_thread(request: HttpRequest, payload: ThreadIn | None = None) -> Stat
     summary="Read a thread: its committed messages and its runs",
 )
 def get_thread(request: HttpRequest, thread_id: Id) -> dict[str, Any]:
-    return thread_document(_thread(thread_id))
+    with snapshot():  # its messages and runs from one moment of the log
+        return thread_document(_thread(thread_id))
 
 
 @router.post(

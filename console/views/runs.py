@@ -24,7 +24,7 @@ from console.views.reconcile import mark_corrections
 from console.views.tickets import attach_notes, build_card
 from runtime import operations
 from runtime.agents import registry
-from runtime.documents import RUN_SUMMARY_FIELDS, run_document
+from runtime.documents import RUN_SUMMARY_FIELDS, consistent, run_document
 from runtime.errors import NotFound, RuntimeFault
 from runtime.models import (
     MessageRecord,
@@ -34,6 +34,7 @@ from runtime.models import (
     Ticket,
     ToolCallRecord,
 )
+from runtime.untrusted import is_id
 
 PAGE_SIZE = 50
 STATES = ("running", "awaiting", "ended")
@@ -47,9 +48,10 @@ def _cursor(run: Run) -> str:
 def _parse_cursor(raw: str) -> tuple[datetime, str] | None:
     stamp, _, run_id = raw.partition("~")
     try:
-        return datetime.fromisoformat(stamp), run_id
+        when = datetime.fromisoformat(stamp)
     except ValueError:
         return None
+    return (when, run_id) if is_id(run_id) else None
 
 
 def _counts() -> dict[str, Any]:
@@ -204,6 +206,7 @@ def _log_page(
     return shown, (shown[0].seq if len(log) > len(shown) else None)
 
 
+@consistent
 def run_context(
     run_id: str, *, log_kind: str = "", log_before: int | None = None
 ) -> dict[str, Any]:

@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import path, register_converter
 
 from console.views import audit, reconcile, runs, tabs, tickets, tokens, workers
+from runtime.untrusted import ID_PATTERN
 
 app_name = "console"
+
+
+class IdConverter:
+    """An id the runtime issues; any other path segment is a 404 before a view runs."""
+
+    regex = ID_PATTERN.strip("^$")
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(IdConverter, "id")
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
@@ -15,15 +31,15 @@ urlpatterns = [
     path("", runs.runs, name="runs"),
     path("runs/new/", runs.start_run, name="start"),
     path("runs/cancel/", runs.bulk_cancel, name="bulk_cancel"),
-    path("runs/<str:run_id>/", runs.run_detail, name="run"),
-    path("runs/<str:run_id>/cancel/", runs.cancel_run, name="cancel"),
-    path("runs/<str:run_id>/again/", runs.run_again, name="run_again"),
+    path("runs/<id:run_id>/", runs.run_detail, name="run"),
+    path("runs/<id:run_id>/cancel/", runs.cancel_run, name="cancel"),
+    path("runs/<id:run_id>/again/", runs.run_again, name="run_again"),
     path("inbox/", tickets.inbox, name="inbox"),
     path("inbox/bulk/", tickets.bulk_answer, name="bulk_answer"),
-    path("tickets/<str:ticket_id>/", tickets.ticket_detail, name="ticket"),
-    path("tickets/<str:ticket_id>/answer/", tickets.answer_ticket, name="answer"),
+    path("tickets/<id:ticket_id>/", tickets.ticket_detail, name="ticket"),
+    path("tickets/<id:ticket_id>/answer/", tickets.answer_ticket, name="answer"),
     path("reconcile/", reconcile.reconciliation, name="reconcile"),
-    path("reconcile/<str:call_id>/", reconcile.reconcile_call, name="reconcile_call"),
+    path("reconcile/<id:call_id>/", reconcile.reconcile_call, name="reconcile_call"),
     path("audit/", audit.audit, name="audit"),
     path("workers/", workers.workers, name="workers"),
     path("tokens/", tokens.tokens, name="tokens"),

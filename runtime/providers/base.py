@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from runtime.domain.model import Message
+from runtime.untrusted import storable_text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,7 +61,12 @@ class Delta:
 class ToolCallOut:
     id: str
     name: str
-    arguments: str  # raw JSON text as the model produced it
+    arguments: str  # raw JSON text as the model produced it (made storable)
+
+    def __post_init__(self) -> None:
+        # Model output reaches text columns: every provider's result passes here (issue 12).
+        for name in ("id", "name", "arguments"):
+            object.__setattr__(self, name, storable_text(getattr(self, name)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +75,10 @@ class InferenceResult:
     tool_calls: tuple[ToolCallOut, ...] = ()
     finish_reason: str = "stop"
     usage: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", storable_text(self.text))
+        object.__setattr__(self, "finish_reason", storable_text(self.finish_reason))
 
 
 class ModelError(Exception):

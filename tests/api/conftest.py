@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from runtime.domain.model import Disposition
 from runtime.loop import RunDriver
 from runtime.models import ThreadCommit
 from runtime.worker import claim
+from tests.servers import serving
 from tests.subprocesses import subprocess_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,51 +239,8 @@ def run_worker(subprocess_env) -> Callable[[], subprocess.CompletedProcess]:
     return run
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def daphne(subprocess_env, tmp_path) -> Iterator[str]:
     """Serve console.asgi with daphne on a free loopback port; yield its base URL."""
-    port = free_port()
-    log = (tmp_path / "daphne.log").open("w")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "console.asgi:application",
-        ],
-        cwd=ROOT,
-        env=subprocess_env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log.flush()
-                    text = (tmp_path / "daphne.log").read_text()
-                    raise RuntimeError(f"daphne did not start: {text[-3000:]}") from None
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+    with serving(subprocess_env, tmp_path / "daphne.log") as url:
+        yield url

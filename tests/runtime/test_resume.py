@@ -211,7 +211,7 @@ def test_cli_refusals_write_nothing(awaiting, command):
         (approval_run, ["--ticket", "0" * 32, "--approve"], "ticket_mismatch"),
         (approval_run, ["--ticket", approval_ticket.id, "--input", '{"size": 2}'], "kind_mismatch"),
         (ask_run, ["--ticket", ask_ticket.id, "--input", '{"size": "two"}'], "invalid_input"),
-        (ask_run, ["--ticket", ask_ticket.id, "--input", "{size: 2"], "--input is not JSON"),
+        (ask_run, ["--ticket", ask_ticket.id, "--input", "{size: 2"], "--input: not valid JSON"),
     ]
     for run_id, args, error in cases:
         thread_id = run_row(run_id).thread_id

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import json
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -12,6 +11,7 @@ from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.errors import RuntimeFault
 from runtime.models import Ticket
 from runtime.operations import resume
+from runtime.untrusted import UntrustedJSONError, is_id, parse_json
 
 
 class Command(BaseCommand):
@@ -32,14 +32,18 @@ class Command(BaseCommand):
     ):
         if input is not None:
             try:
-                value = json.loads(input)
-            except json.JSONDecodeError as exc:
-                raise CommandError(f"--input is not JSON: {exc}") from exc
+                value = parse_json(input, "--input")
+            except UntrustedJSONError as exc:
+                raise CommandError(str(exc)) from exc
             decision = Decision.INPUT
         else:
             value, decision = None, Decision.APPROVE if approve else Decision.DENY
         # The kind comes from the ticket named; a wrong ticket is refused by resume itself.
-        kind = Ticket.objects.filter(id=ticket).values_list("kind", flat=True).first()
+        kind = (
+            Ticket.objects.filter(id=ticket).values_list("kind", flat=True).first()
+            if is_id(ticket)
+            else None
+        )
         command = ResumeCommand(
             ticket_id=ticket,
             kind=TicketKind(kind) if kind else TicketKind.APPROVAL,

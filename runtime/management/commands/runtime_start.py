@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import getpass
-import json
 
 from django.core.management.base import BaseCommand, CommandError
 
 from runtime.errors import RuntimeFault
 from runtime.operations import start_run
+from runtime.untrusted import UntrustedJSONError, parse_json
 
 
 class Command(BaseCommand):
@@ -22,9 +22,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, agent, input, metadata, thread, **options):
         try:
-            meta = json.loads(metadata)
-        except json.JSONDecodeError as exc:
-            raise CommandError(f"--metadata is not JSON: {exc}") from exc
+            meta = parse_json(metadata, "--metadata")
+        except UntrustedJSONError as exc:
+            raise CommandError(str(exc)) from exc
         if not isinstance(meta, dict):
             raise CommandError("--metadata must be a JSON object")
         try:

@@ -1,0 +1,33 @@
+"""A 500 reaches the server's stderr (issue 12, item 4: none of the 500s seen was logged).
+
+The server (``manage.py runtime_serve``, as ``scripts/start`` runs it; daphne's own command
+line configures logging by itself) runs on a database it cannot open, so every request that
+needs the database fails; Django's ``django.request`` logger must report it on stderr. The
+logger configuration is the LOGGING setting (issue 13); this test pins what issue 12 needs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import httpx
+
+from tests.servers import free_port, serving
+
+
+def test_a_server_error_is_logged_to_stderr(tmp_path) -> None:
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="console.settings")
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'missing' / 'db.sqlite3'}"  # no such folder
+    log, port = tmp_path / "server.log", free_port()
+    command = [sys.executable, "manage.py", "runtime_serve", "--no-worker", "--skip-checks"]
+    command += ["--port", str(port)]
+    with serving(env, log, command=command, port=port) as url:
+        headers = {"Authorization": "Bearer rt_x"}  # the token lookup needs the database
+        response = httpx.get(f"{url}/api/v1/runs", headers=headers, timeout=30)
+        assert response.status_code == 500
+        deadline = time.monotonic() + 10
+        while "Internal Server Error: /api/v1/runs" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
