@@ -254,3 +254,9 @@ RUNTIME_MODEL_BACKOFF_SECONDS = env_number("RUNTIME_MODEL_BACKOFF_SECONDS", 0.5,
 RUNTIME_IDLE_POLL_SECONDS = env_number("RUNTIME_IDLE_POLL_SECONDS", 0.5, minimum=0.01)
 # The `assistant` agent's MCP servers (docs/real-models.md).
 RUNTIME_MCP_SERVERS = env_mcp_servers("RUNTIME_MCP_SERVERS")
+RUNTIME_DELEGATION_MAX_DEPTH = env_number(
+    "RUNTIME_DELEGATION_MAX_DEPTH", 3, minimum=0, integer=True
+)
+RUNTIME_DELEGATION_MAX_CHILDREN = env_number(
+    "RUNTIME_DELEGATION_MAX_CHILDREN", 4, minimum=0, integer=True
+)

@@ -22,10 +22,12 @@ EVENT_TYPES: dict[str, type] = {
         ev.BatchOpened,
         ev.CallExecuting,
         ev.CallAwaiting,
+        ev.ChildStarted,
         ev.CallResumed,
         ev.CallCompleted,
         ev.CallIndeterminate,
         ev.BatchFinalized,
+        ev.StateStaged,
         ev.ReconciliationRecorded,
     )
 }

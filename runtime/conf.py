@@ -62,3 +62,14 @@ def model_retries() -> int:
 def model_backoff_seconds() -> float:
     """The first backoff between inference retries, doubled each time (default 0.5 s)."""
     return float(_get("RUNTIME_MODEL_BACKOFF_SECONDS", 0.5))
+
+
+def delegation_max_depth() -> int:
+    """How deep child runs may nest (RUNTIME_DELEGATION_MAX_DEPTH, default 3; a top-level
+    run has depth 0, its children depth 1)."""
+    return int(_get("RUNTIME_DELEGATION_MAX_DEPTH", 3))
+
+
+def delegation_max_children() -> int:
+    """Delegate calls one batch may run (RUNTIME_DELEGATION_MAX_CHILDREN, default 4)."""
+    return int(_get("RUNTIME_DELEGATION_MAX_CHILDREN", 4))

@@ -17,6 +17,10 @@ failing the whole statement. Elsewhere (SQLite) the same rows are written statem
 inside ``transaction.atomic()``. A conflict means another writer committed first: nothing of the
 loser is written, and it must reload the committed state and decide again, never overwrite.
 Listeners hear of a commit only after its transaction has committed.
+
+A commit that ends a child Run, or a Run with live children, is written in one transaction
+together with what delegation owes (``runtime.delegation.on_run_ended``): the delivery of the
+child's terminus to its parent, the cancellation of the children.
 """
 
 from __future__ import annotations
@@ -28,13 +32,13 @@ from datetime import datetime, timedelta
 from functools import cache, partial
 from typing import Any
 
-from django.db import DataError, IntegrityError, connection, models, transaction
+from django.db import DataError, IntegrityError, OperationalError, connection, models, transaction
 from django.utils import timezone
 
 from runtime import codec, metrics
 from runtime.domain.commit import CommitDraft, apply_commit
 from runtime.domain.events import CallExecuting, CallResumed, ReconciliationRecorded, StepCommitted
-from runtime.domain.model import RunState, RunView, ThreadHead, ToolBatch, ToolCall
+from runtime.domain.model import ResumeTicket, RunState, RunView, ThreadHead, ToolBatch, ToolCall
 from runtime.errors import InvalidCommit, LeaseLost, NotFound, VersionConflict
 from runtime.models import (
     MessageRecord,
@@ -139,15 +143,25 @@ def commit(
     new_head, run = apply_commit(head, before, draft)
     writes = _plan(draft, head, new_head, before, run, lease)
     writes.create_thread = new_thread
+    outermost = not connection.in_atomic_block
     try:
-        if connection.vendor != "postgresql":
+        if _owes_delegation(before, run):
             with transaction.atomic():
-                moved = _write_each(writes)
-        elif connection.in_atomic_block:  # a savepoint keeps the caller's transaction usable
-            with transaction.atomic():
-                moved = _write_postgres(writes)
-        else:  # autocommit: the statement is its own transaction
-            moved = _write_postgres(writes)
+                moved = _write(writes)
+                if moved:
+                    from runtime import delegation  # it commits through this module
+
+                    assert run is not None
+                    delegation.on_run_ended(before, run, draft)
+        else:
+            moved = _write(writes)
+    except OperationalError as exc:
+        # Two threads' commits in one transaction (a child's end delivering to its parent, a
+        # parent's end cancelling its children) may deadlock on PostgreSQL; the database
+        # rolls one back whole, and for its writer that is a conflict like any other.
+        if outermost and getattr(exc.__cause__, "sqlstate", "") == "40P01":
+            raise VersionConflict(expected=draft.expected_version, reason=str(exc)) from exc
+        raise
     except DataError as exc:  # a value the database cannot store (a NUL, a lone surrogate)
         raise InvalidCommit("the database refused a value of the commit", reason=str(exc)) from exc
     except IntegrityError as exc:
@@ -167,6 +181,26 @@ def commit(
     )
     transaction.on_commit(partial(_announce, notice))
     return Committed(seq=writes.seq, head=new_head, run=run)
+
+
+def _write(writes: _Writes) -> bool:
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            return _write_each(writes)
+    if connection.in_atomic_block:  # a savepoint keeps the caller's transaction usable
+        with transaction.atomic():
+            return _write_postgres(writes)
+    return _write_postgres(writes)  # autocommit: the statement is its own transaction
+
+
+def _owes_delegation(before: RunView | None, run: RunView | None) -> bool:
+    """Whether this commit ends a child Run or a Run with live children (no I/O)."""
+    if run is None or run.state is not RunState.ENDED:
+        return False
+    if before is not None and before.state is RunState.ENDED:
+        return False
+    children = before is not None and any(c.detached for b in before.batches for c in b.calls)
+    return run.parent_run_id is not None or children
 
 
 def _reconciled_run_id(draft: CommitDraft) -> str | None:
@@ -215,8 +249,8 @@ class _Writes:
     run_version: int = 0  # the version the existing run must still have
     messages: list[MessageRecord] = field(default_factory=list)
     calls: list[ToolCallRecord] = field(default_factory=list)  # inserted or updated
-    ticket_close: dict[str, Any] | None = None
-    ticket_open: Ticket | None = None
+    ticket_closes: list[dict[str, Any]] = field(default_factory=list)
+    ticket_opens: list[Ticket] = field(default_factory=list)
     reconciliations: list[ReconciliationRecord] = field(default_factory=list)
     clear_checkpoint: bool = False
     notify: bool = False
@@ -297,6 +331,7 @@ def _plan_run(
         "committed_at": now,
         "claims": 0,
         "failures": 0,
+        "plugin_state": run.plugin_state,
     }
     if run.state is not RunState.RUNNING:  # nothing for a worker to do: the lease ends here
         fields.update(lease_owner=None, lease_expires_at=None)
@@ -306,6 +341,9 @@ def _plan_run(
             id=run.run_id,
             thread_id=run.thread_id,
             agent=run.agent,
+            parent_run_id=run.parent_run_id,
+            parent_call_id=run.parent_call_id,
+            depth=run.depth,
             metadata=getattr(activation, "metadata", None) or {},
             created_by=draft.actor,
             created_at=now,
@@ -377,23 +415,38 @@ CALL_PROGRESS = (
 )
 
 
+def open_tickets(run: RunView | None) -> dict[str, ResumeTicket]:
+    """Every open ticket of a run by id: the one it waits on and its delegation tickets."""
+    if run is None:
+        return {}
+    return {t.id: t for t in ((run.ticket,) if run.ticket else ()) + run.waits}
+
+
+def ticket_due_at(ticket: ResumeTicket) -> datetime | None:
+    """A timer ticket's due time (``request["due_at"]``, ISO 8601 UTC) as a datetime."""
+    due = ticket.request.get("due_at") if isinstance(ticket.request, dict) else None
+    return datetime.fromisoformat(due) if due else None
+
+
 def _plan_tickets(
     writes: _Writes, draft: CommitDraft, before: RunView | None, run: RunView, now: datetime
 ) -> None:
-    old = before.ticket if before else None
-    if old is not None and run.ticket != old:
-        resumed = next((e for e in draft.events if isinstance(e, CallResumed)), None)
-        writes.ticket_close = {
-            "id": old.id,
-            "state": "consumed" if resumed else "void",
-            "decision": resumed.decision.value if resumed else "",
-            "closed_seq": writes.seq,
-            "closed_at": now,
-            "closed_by": draft.actor,
-        }
-    ticket = run.ticket
-    if ticket is not None and ticket != old:
-        writes.ticket_open = Ticket(
+    old, new = open_tickets(before), open_tickets(run)
+    resumed = {e.ticket_id: e for e in draft.events if isinstance(e, CallResumed)}
+    for ticket_id in sorted(old.keys() - new.keys()):
+        event = resumed.get(ticket_id)
+        writes.ticket_closes.append(
+            {
+                "id": ticket_id,
+                "state": "consumed" if event else "void",
+                "decision": event.decision.value if event else "",
+                "closed_seq": writes.seq,
+                "closed_at": now,
+                "closed_by": draft.actor,
+            }
+        )
+    writes.ticket_opens = [
+        Ticket(
             id=ticket.id,
             run_id=run.run_id,
             call_id=ticket.call_id,
@@ -402,7 +455,11 @@ def _plan_tickets(
             schema=ticket.schema,
             opened_seq=writes.seq,
             created_at=now,
+            due_at=ticket_due_at(ticket),
         )
+        for ticket_id, ticket in sorted(new.items())
+        if ticket_id not in old
+    ]
 
 
 # -- the statement-by-statement writer (SQLite) ----------------------------------------------------
@@ -432,11 +489,10 @@ def _write_each(w: _Writes) -> bool:
             return False
         _insert_each(cursor, [w.log, *w.messages, *w.reconciliations])
         _insert_each(cursor, w.calls, upsert=CALL_PROGRESS)
-        if w.ticket_close is not None:
-            close = dict(w.ticket_close)
-            _update_each(cursor, Ticket, close, "id = %s", [close.pop("id")])
-        if w.ticket_open is not None:
-            _insert_each(cursor, [w.ticket_open])
+        for close in w.ticket_closes:
+            values = dict(close)
+            _update_each(cursor, Ticket, values, "id = %s", [values.pop("id")])
+        _insert_each(cursor, w.ticket_opens)
         if w.clear_checkpoint:
             cursor.execute(f"DELETE FROM {_table(StreamCheckpoint)} WHERE run_id = %s", [w.run_id])
     return True
@@ -547,14 +603,15 @@ def _statement(w: _Writes) -> tuple[str, dict[str, Any]]:
         ("messages", MessageRecord, w.messages, ""),
         ("calls", ToolCallRecord, w.calls, _upsert_sql(ToolCallRecord, CALL_PROGRESS)),
         ("recs", ReconciliationRecord, w.reconciliations, ""),
-        ("ticket_open", Ticket, [w.ticket_open] if w.ticket_open else [], ""),
+        ("ticket_open", Ticket, w.ticket_opens, ""),
     ):
         if rows:
             params[name] = json.dumps(_rows(rows))
             ctes.append(f"{name} AS ({_insert_sql(model, name, many=True)} {extra})")
-    if w.ticket_close is not None:
-        params["ticket_close"] = json.dumps(_column_values(Ticket, w.ticket_close))
-        params["ticket_close_id"] = w.ticket_close["id"]
+    if w.ticket_closes:
+        params["ticket_close"] = json.dumps(
+            [{"id": c["id"], **_column_values(Ticket, c)} for c in w.ticket_closes]
+        )
         ctes.append(f"ticket_close AS ({_close_ticket_sql()})")
     if w.clear_checkpoint:
         ctes.append(
@@ -591,9 +648,9 @@ def _close_ticket_sql() -> str:
     ticket = _table(Ticket)
     columns = ("state", "decision", "closed_seq", "closed_at", "closed_by")
     return (
-        f"UPDATE {ticket} AS t SET ({_names(columns)}) = (SELECT {_names(columns, 'x')} "
-        f"FROM jsonb_populate_record(NULL::{ticket}, %(ticket_close)s::jsonb) AS x) "
-        "FROM head WHERE t.id = %(ticket_close_id)s"
+        f"UPDATE {ticket} AS t SET ({_names(columns)}) = ({_names(columns, 'x')}) "
+        f"FROM head, jsonb_populate_recordset(NULL::{ticket}, %(ticket_close)s::jsonb) AS x "
+        "WHERE t.id = x.id"
     )
 
 

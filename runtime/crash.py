@@ -20,6 +20,10 @@ POINTS = (
     "ticket_committed",  # a ResumeTicket is committed (the run is Awaiting)
     "resume_committed",  # a ResumeCommand is committed (in the process that sent it)
     "inference_streaming",  # after the first live Delta of an inference
+    "child_started",  # a delegate call's child run and the call's delegation ticket committed
+    "child_ended_before_delivery",  # a child's end is decided, inside its uncommitted transaction
+    "delivery_committed",  # a child's Ended commit and its delivery to the parent committed
+    "timer_fired",  # a due timer's ResumeCommand is committed (in the worker that fired it)
 )
 
 _lock = threading.Lock()

@@ -154,6 +154,42 @@ def ticket_document(ticket: Ticket) -> dict[str, Any]:
         "closed_at": ticket.closed_at.isoformat() if ticket.closed_at else None,
         "closed_by": ticket.closed_by,
         "decision": ticket.decision,
+        "due_at": ticket.due_at.isoformat() if ticket.due_at else None,
+    }
+
+
+def waited_ticket(state: str, open_tickets: list[Ticket]) -> Ticket | None:
+    """The ticket an Awaiting run waits on, among its open tickets (oldest first).
+
+    Its own ticket (approval, input, timer) when it holds one; otherwise the oldest open
+    delegation ticket, which is the one the run parks on (``recovery.Park``; a delivery to a
+    younger one leaves it in place). A Running run waits on none, even with children out.
+    """
+    if state != "awaiting":
+        return None
+    own = [t for t in open_tickets if t.kind != "delegation"]
+    candidates = own or open_tickets
+    return candidates[0] if candidates else None
+
+
+def family(run: Run) -> dict[str, Any]:
+    """``parent`` ({"run", "call"} or None) and ``children`` of a run, oldest child first."""
+    children = Run.objects.filter(parent_run_id=run.id).order_by("created_at", "id")
+    return {
+        "parent": {"run": run.parent_run_id, "call": run.parent_call_id}
+        if run.parent_run_id
+        else None,
+        "depth": run.depth,
+        "children": [
+            {
+                "id": child["id"],
+                "agent": child["agent"],
+                "state": child["state"],
+                "end_cause": child["end_cause"],
+                "call_id": child["parent_call_id"],
+            }
+            for child in children.values("id", "agent", "state", "end_cause", "parent_call_id")
+        ],
     }
 
 
@@ -161,11 +197,14 @@ def ticket_document(ticket: Ticket) -> dict[str, Any]:
 def run_document(run_id: str) -> dict[str, Any]:
     """Return the committed state of a run as the contract's run document.
 
-    Keys: id, thread_id, agent, state, end_cause, error, version, step, ticket (open ticket or
-    None), batches (with every call, each with its pinned ``source``), mcp_servers (the MCP
-    servers the run's calls used), messages (this run's committed messages), created_at,
-    committed_at; all read in one snapshot, so ``version`` is the commit it shows. Raises
-    NotFound for an unknown id.
+    Keys: id, thread_id, agent, state, end_cause, error, version, step, ticket (the ticket
+    the run waits on, or None; a timer's carries ``due_at``), tickets (every open ticket,
+    delegation tickets of children included), parent ({"run", "call"} or None), depth,
+    children ([{"id", "agent", "state", "end_cause", "call_id"}]), batches (with every call,
+    each with its pinned ``source``), mcp_servers (the MCP servers the run's calls used),
+    messages (this run's committed messages), plugin_state (committed staged state by plugin
+    key), created_at, committed_at; all read in one snapshot, so ``version`` is the commit it
+    shows. Raises NotFound for an unknown id.
     """
     run = (
         Run.objects.defer("snapshot").filter(id=run_id).first() if is_id(run_id) else None
@@ -176,7 +215,10 @@ def run_document(run_id: str) -> dict[str, Any]:
     late: dict[str, list[LateEvidence]] = {}
     for evidence in LateEvidence.objects.filter(call__run_id=run_id).order_by("created_at"):
         late.setdefault(evidence.call_id, []).append(evidence)
-    ticket = Ticket.objects.filter(run_id=run_id, state="open").first()
+    open_tickets = list(
+        Ticket.objects.filter(run_id=run_id, state="open").order_by("opened_seq", "id")
+    )
+    ticket = waited_ticket(run.state, open_tickets)
     messages = MessageRecord.objects.filter(run_id=run_id).order_by("seq", "idx")
     batches: dict[int, dict[str, Any]] = {}
     for call in calls:
@@ -194,6 +236,9 @@ def run_document(run_id: str) -> dict[str, Any]:
         "version": run.version,
         "step": run.step,
         "ticket": ticket_document(ticket) if ticket else None,
+        "tickets": [ticket_document(t) for t in open_tickets],
+        **family(run),
+        "plugin_state": run.plugin_state,
         "batches": list(batches.values()),
         "mcp_servers": mcp_servers(call.source for call in calls),
         "messages": [

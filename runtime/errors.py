@@ -160,3 +160,10 @@ class ImportRefused(RuntimeFault):
 
     code = "import_refused"
     status = 422
+
+
+class DelegationRefused(RuntimeFault):
+    """The delegation exceeds a limit (depth or children per batch); no child was started."""
+
+    code = "delegation_refused"
+    status = 422

@@ -17,11 +17,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from runtime import codec
+from runtime import codec, coordinator, staging
+from runtime.agents import get_agent
 from runtime.domain.commit import CommitDraft, FoldedThread, fold
-from runtime.domain.events import CallResumed, RunActivated
+from runtime.domain.events import CallResumed, ChildStarted, RunActivated
 from runtime.domain.model import RunState, RunView, ToolBatch, ToolCall
-from runtime.errors import InvalidCommit, NotFound, RuntimeFault
+from runtime.errors import InvalidCommit, NotFound, RuntimeFault, UnknownAgent
 from runtime.models import (
     MessageRecord,
     ReconciliationRecord,
@@ -118,7 +119,7 @@ class _Log:
         self.seq = 0  # the commit being read; the fold's refusal is about this one
         self.activations: dict[str, tuple[Any, str]] = {}
         self.tickets: dict[str, dict[str, Any]] = {}
-        self._open_ticket: dict[str, str] = {}  # run id -> its open ticket id
+        self._open: dict[str, set[str]] = {}  # run id -> its open ticket ids
 
     def drafts(self) -> Iterator[tuple[int, CommitDraft]]:
         rows = (
@@ -164,32 +165,46 @@ class _Log:
             if isinstance(event, RunActivated):
                 self.activations[run_id] = (event.metadata, draft.actor)
         disposition = draft.disposition
-        open_id = self._open_ticket.get(run_id)
-        resumed = next((e for e in draft.events if isinstance(e, CallResumed)), None)
+        open_ids = self._open.setdefault(run_id, set())
         ended = disposition is not None and disposition.state is RunState.ENDED
-        if open_id is not None and (resumed is not None or ended):
-            self.tickets[open_id].update(
-                state="consumed" if resumed else "void",
-                decision=resumed.decision.value if resumed else "",
-                closed_seq=seq,
-                closed_by=draft.actor,
-            )
-            del self._open_ticket[run_id]
-        if disposition is not None and disposition.ticket is not None:
-            ticket = disposition.ticket
-            self.tickets[ticket.id] = {
-                "run_id": ticket.run_id,
-                "call_id": ticket.call_id,
-                "kind": ticket.kind.value,
-                "request": ticket.request,
-                "schema": ticket.schema,
-                "state": "open",
-                "opened_seq": seq,
-                "closed_seq": None,
-                "decision": "",
-                "closed_by": "",
-            }
-            self._open_ticket[run_id] = ticket.id
+        for event in draft.events:
+            if isinstance(event, CallResumed) and event.ticket_id in open_ids:
+                self._close(event.ticket_id, seq, draft, event)
+            if isinstance(event, ChildStarted):
+                self._open_ticket(event.ticket, seq)
+        if ended:
+            for ticket_id in sorted(open_ids):
+                self._close(ticket_id, seq, draft, None)
+        ticket = disposition.ticket if disposition is not None else None
+        if ticket is not None and ticket.id not in open_ids:  # or waits on a child's ticket
+            self._open_ticket(ticket, seq)
+
+    def _close(
+        self, ticket_id: str, seq: int, draft: CommitDraft, resumed: CallResumed | None
+    ) -> None:
+        self.tickets[ticket_id].update(
+            state="consumed" if resumed else "void",
+            decision=resumed.decision.value if resumed else "",
+            closed_seq=seq,
+            closed_by=draft.actor,
+        )
+        self._open[self.tickets[ticket_id]["run_id"]].discard(ticket_id)
+
+    def _open_ticket(self, ticket: Any, seq: int) -> None:
+        self.tickets[ticket.id] = {
+            "run_id": ticket.run_id,
+            "call_id": ticket.call_id,
+            "kind": ticket.kind.value,
+            "request": ticket.request,
+            "schema": ticket.schema,
+            "state": "open",
+            "opened_seq": seq,
+            "closed_seq": None,
+            "decision": "",
+            "closed_by": "",
+            "due_at": coordinator.ticket_due_at(ticket),
+        }
+        self._open.setdefault(ticket.run_id, set()).add(ticket.id)
 
 
 class _Findings:
@@ -234,6 +249,10 @@ def _compare_runs(found: _Findings, folded: FoldedThread, log: _Log) -> None:
             "snapshot",
             "metadata",
             "created_by",
+            "parent_run_id",
+            "parent_call_id",
+            "depth",
+            "plugin_state",
         )
     }
     for run_id, view in folded.runs.items():
@@ -251,6 +270,10 @@ def _compare_runs(found: _Findings, folded: FoldedThread, log: _Log) -> None:
             "step": view.step,
             "metadata": metadata or {},
             "created_by": actor,
+            "parent_run_id": view.parent_run_id,
+            "parent_call_id": view.parent_call_id,
+            "depth": view.depth,
+            "plugin_state": view.plugin_state,
         }
         found.differ(view.version, f"run {run_id}", row, expected)
         snapshot = codec.dump_run(view)
@@ -261,6 +284,8 @@ def _compare_runs(found: _Findings, folded: FoldedThread, log: _Log) -> None:
                 if (row["snapshot"] or {}).get(k) != snapshot.get(k)
             )
             found.add(view.version, f"run {run_id}: snapshot differs from the fold at {keys}")
+        for problem in _plugin_state_problems(view):
+            found.add(view.version, f"run {run_id}: {problem}")
     for run_id in rows:
         found.add(folded.head.version, f"run {run_id}: Run row with no activation in the log")
     live = sorted(
@@ -268,6 +293,17 @@ def _compare_runs(found: _Findings, folded: FoldedThread, log: _Log) -> None:
     )
     if len(live) > 1:
         found.add(folded.head.version, f"{len(live)} runs are not Ended: {live}")
+
+
+def _plugin_state_problems(view: RunView) -> list[str]:
+    """Committed plugin state must validate against the models its agent's plugins declare."""
+    if not view.plugin_state:
+        return []
+    try:
+        plugins = get_agent(view.agent).plugins
+    except UnknownAgent:
+        return []  # the deployment no longer has the agent: nothing to validate against
+    return staging.problems(plugins, view)
 
 
 def _call_fields(run: RunView, batch: ToolBatch, call: ToolCall) -> dict[str, Any]:
@@ -361,9 +397,10 @@ def _compare_tickets(found: _Findings, folded: FoldedThread, log: _Log) -> None:
             "closed_seq",
             "decision",
             "closed_by",
+            "due_at",
         )
     }
-    current = {run.ticket.id: run for run in folded.runs.values() if run.ticket is not None}
+    current = {t for run in folded.runs.values() for t in coordinator.open_tickets(run)}
     for ticket_id, expected in log.tickets.items():
         row = rows.pop(ticket_id, None)
         seq = expected["closed_seq"] or expected["opened_seq"]

@@ -12,6 +12,9 @@ A plugin is any object with some of these methods; missing ones are skipped:
   None leaves it.
 - ``after_tool(run, call, result_text, is_error) -> str | None``: replace the result text.
 
+StepStart, BeforeInference, AfterInference and AfterTool hooks may call
+``runtime.staging.stage(self, value)`` to stage typed state, committed with that boundary.
+
 ``run`` is the committed RunView; hooks must be deterministic in committed facts so that a
 recovering worker builds the same request.
 """
@@ -21,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from runtime import staging
+
 
 def call_hooks(plugins: Iterable[Any], name: str, *args: Any) -> list[Any]:
     """Call ``name`` on every plugin that has it; return their answers in order."""
@@ -28,5 +33,6 @@ def call_hooks(plugins: Iterable[Any], name: str, *args: Any) -> list[Any]:
     for plugin in plugins:
         method = getattr(plugin, name, None)
         if method is not None:
-            answers.append(method(*args))
+            with staging.in_hook(name):
+                answers.append(method(*args))
     return answers

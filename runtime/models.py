@@ -69,6 +69,11 @@ class Run(models.Model):
     failures = models.PositiveIntegerField(default=0)
     # Operational: the OpenTelemetry trace id, once a traced worker drove it (runtime.tracing).
     trace_id = models.CharField(max_length=32, blank=True, default="")
+    # A child Run (delegation): its parent run and the delegate call it answers.
+    parent_run_id = models.CharField(max_length=32, null=True, blank=True, db_index=True)
+    parent_call_id = models.CharField(max_length=32, null=True, blank=True)
+    depth = models.PositiveIntegerField(default=0)
+    plugin_state = models.JSONField(default=dict, blank=True)  # committed, by plugin key
 
     objects = RunQuerySet.as_manager()
 
@@ -192,12 +197,16 @@ class Ticket(models.Model):
     closed_at = models.DateTimeField(null=True, blank=True)
     closed_by = models.CharField(max_length=200, blank=True, default="")
     decision = models.CharField(max_length=16, blank=True, default="")
+    due_at = models.DateTimeField(null=True, blank=True)  # timer tickets: when it fires (UTC)
 
     class Meta:
         indexes = [
             models.Index(
                 fields=["created_at"], name="ticket_open_oldest", condition=Q(state="open")
-            )
+            ),
+            models.Index(
+                fields=["due_at"], name="ticket_timer_due", condition=Q(state="open", kind="timer")
+            ),
         ]
 
 

@@ -22,6 +22,7 @@ from runtime.agents import get_agent
 from runtime.coordinator import commit, read_frontier, read_head, read_run
 from runtime.documents import run_document
 from runtime.domain.commit import CommitDraft, check_resume, end_cause_reason, ending
+from runtime.domain.delegation import ChildLink
 from runtime.domain.events import CallResumed, ReconciliationRecorded, RunActivated
 from runtime.domain.model import (
     Decision,
@@ -88,8 +89,12 @@ def start_run(
     metadata: dict[str, Any] | None = None,
     thread_id: str | None = None,
     actor: str = "",
+    child: ChildLink | None = None,
 ) -> str:
     """Start a run of ``agent`` on a new thread, or on ``thread_id``; return the run id.
+
+    ``child`` makes it the child Run of a delegate call (its id and parent are recorded in
+    the activation).
 
     ``metadata["script"]`` (a scripted model script) is accepted only when scripted runs are
     enabled. Raises UnknownAgent (with the known names), ScriptRefused, InvalidCommit for
@@ -106,15 +111,23 @@ def start_run(
             raise ScriptRefused("scripted runs are disabled (RUNTIME_ALLOW_SCRIPTED)")
         parse_script(metadata["script"])
     messages = _messages_from_input(input)
-    run_id = uuid.uuid4().hex
+    run_id = child.run_id if child else uuid.uuid4().hex
+    parent = (
+        {"parent_run_id": child.parent_run_id, "parent_call_id": child.parent_call_id}
+        if child
+        else {}
+    )
     new_thread = thread_id is None
+    activation = RunActivated(
+        run_id=run_id, agent=agent, metadata=metadata, depth=child.depth if child else 0, **parent
+    )
     draft = CommitDraft(
         thread_id=new_id() if new_thread else thread_id,
         run_id=run_id,
         expected_version=0,
         disposition=Disposition.running(),
         messages=messages,
-        events=(RunActivated(run_id=run_id, agent=agent, metadata=metadata),),
+        events=(activation,),
         actor=actor,
     )
     if new_thread:  # the thread comes into being with its first commit, in one write

@@ -12,10 +12,11 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from runtime import metrics, tracing
 from runtime.domain.model import Permission, RecoveryPolicy
@@ -43,6 +44,7 @@ class ToolContext:
     attempt: int
     worker_id: str
     lease_epoch: int = 0
+    woken_at: str | None = None  # the due time of the timer that woke this attempt
 
     def _lease(self) -> Any:
         from runtime.models import Run
@@ -82,6 +84,35 @@ class ToolContext:
         if not self._lease().select_for_update().values_list("id", flat=True).first():
             raise Fenced(f"run {self.run_id} is no longer owned by lease {self.lease_epoch}")
 
+    def wait_until(self, when: datetime) -> None:
+        """Wait until ``when`` (an aware datetime) without holding a worker.
+
+        Returns at once when that time has come, or when a timer due at or after it woke this
+        attempt; otherwise raises WaitRequested, which commits the call Awaiting with a timer
+        ticket (seed: Executing -> Awaiting, scheduled wait). After the timer fires the tool
+        runs again as the next attempt, so the code before the wait must be safe to repeat.
+        Raises ValueError for a naive datetime.
+        """
+        if when.tzinfo is None:
+            raise ValueError("wait_until needs an aware datetime (UTC recommended)")
+        woken = datetime.fromisoformat(self.woken_at) if self.woken_at else None
+        if (woken is not None and woken >= when) or datetime.now(UTC) >= when:
+            return
+        raise WaitRequested(when.astimezone(UTC))
+
+    def wait_for(self, seconds: float) -> None:
+        """Wait ``seconds`` (from the first attempt that asks) without holding a worker."""
+        if self.woken_at is None and seconds > 0:
+            raise WaitRequested(datetime.now(UTC) + timedelta(seconds=seconds))
+
+
+class WaitRequested(Exception):  # noqa: N818 - a request, not an error
+    """Raised by ``ToolContext.wait_until``: the call waits on a timer due at ``due_at``."""
+
+    def __init__(self, due_at: datetime) -> None:
+        super().__init__(due_at.isoformat())
+        self.due_at = due_at
+
 
 class ToolError(Exception):
     """The tool failed without effect; the message becomes an error result for the model."""
@@ -96,6 +127,26 @@ class InputWait:
     """Declares that a tool asks a person for input: its ticket's request and JSON schema."""
 
     build: Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Delegate:
+    """Declares that a tool delegates to a child Run of ``agent`` (terminal-only).
+
+    ``metadata(arguments)`` builds the child's run metadata from the call's validated
+    arguments (the demo passes the child's script this way); the child's input is
+    ``arguments["input"]``.
+    """
+
+    agent: str
+    metadata: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+
+class DelegateArguments(BaseModel):
+    """The arguments of a delegate tool: the task for the child agent."""
+
+    model_config = ConfigDict(extra="forbid")
+    input: Annotated[str, Field(min_length=1, max_length=20000, description="the child's task")]
 
 
 @dataclass(frozen=True)
@@ -119,6 +170,7 @@ class Tool:
     lookup: Callable[[ToolContext], Any] | None = None
     input_wait: InputWait | None = None
     source: Mapping[str, Any] = field(default_factory=lambda: {"kind": "python"})
+    delegate: Delegate | None = None
 
     @cached_property
     def parameters(self) -> dict[str, Any]:
@@ -202,3 +254,31 @@ def tool(
         )
 
     return decorate
+
+
+def _never_run(ctx: ToolContext, **arguments: Any) -> Any:
+    raise AssertionError("a delegate tool starts a child run; it is never run as a function")
+
+
+def delegate(
+    *,
+    agent: str,
+    name: str,
+    description: str,
+    arguments_model: type[BaseModel] = DelegateArguments,
+    metadata: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Tool:
+    """Declare a tool that delegates to a child Run of ``agent``.
+
+    The model calls it like any tool, with an ``input`` argument (``arguments_model`` may add
+    more). Starting the child is idempotent by the call's operation id, so the tool replays.
+    """
+    return Tool(
+        name=name,
+        description=description,
+        fn=_never_run,
+        arguments_model=arguments_model,
+        policy=RecoveryPolicy.REPLAY,
+        max_attempts=3,
+        delegate=Delegate(agent=agent, metadata=metadata),
+    )

@@ -28,7 +28,7 @@ from django.db import connection, connections, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
 
-from runtime import codec, conf, logs, metrics, registry
+from runtime import codec, conf, logs, metrics, registry, timers
 from runtime.coordinator import WAKE_CHANNEL, Lease
 from runtime.db import db_later, db_now, keep_usable
 from runtime.domain.model import EndCause, RunState
@@ -231,9 +231,10 @@ class Worker:
         ``tools`` is the loop's tool thread (one per loop, so tool calls reuse a connection).
         """
         keep_usable()
+        fired = timers.fire_due()  # a fired timer makes its run runnable for the claim below
         taken = claim(self.worker_id)
         if taken is None:
-            return False
+            return fired > 0
         log.info("run %s: claimed (epoch %s)", taken.run_id, taken.lease.epoch)
         if self._poisoned(taken):
             return True

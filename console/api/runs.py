@@ -57,6 +57,7 @@ class RunFilters(Schema):
     end_cause: EndCauseName | None = None
     agent: AgentName | None = None
     thread: Id | None = Field(None, description="a thread id")
+    parent: Id | None = Field(None, description="the parent run's id: its child runs")
     cursor: str | None = Field(None, pattern=CURSOR_PATTERN, description="from next_cursor")
     limit: int = Field(50, ge=1, le=200)
 
@@ -95,14 +96,15 @@ def start_run(request: HttpRequest, payload: RunIn) -> Status[Any]:
     summary="List runs, newest first",
 )
 def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> dict[str, Any]:
-    """Runs newest first, filtered by state, end cause, agent and thread; keyset-paginated
-    (pass ``next_cursor`` back as ``cursor``)."""
+    """Runs newest first, filtered by state, end cause, agent, thread and parent run;
+    keyset-paginated (pass ``next_cursor`` back as ``cursor``)."""
     rows = Run.objects.only(*SUMMARY_FIELDS)
     for field, value in (
         ("state", filters.state),
         ("end_cause", filters.end_cause),
         ("agent", filters.agent),
         ("thread_id", filters.thread),
+        ("parent_run_id", filters.parent),
     ):
         if value is not None:
             rows = rows.filter(**{field: value})

@@ -239,6 +239,20 @@ class TicketOut(Schema):
     closed_at: Timestamp | None = None
     closed_by: str = ""
     decision: str = ""
+    due_at: Timestamp | None = Field(None, description="a timer's fire time (UTC)")
+
+
+class ParentOut(Schema):
+    run: str = Field(description="the parent run's id")
+    call: str = Field(description="the parent's delegate call this run answers")
+
+
+class ChildOut(Schema):
+    id: str
+    agent: str
+    state: RunStateName
+    end_cause: EndCauseName | None = None
+    call_id: str | None = Field(None, description="the parent's delegate call")
 
 
 class RunOut(Schema):
@@ -252,7 +266,16 @@ class RunOut(Schema):
     error: Any = None
     version: int = Field(description="sequence of the run's last commit")
     step: int
-    ticket: TicketOut | None = Field(None, description="the open ticket, if any")
+    ticket: TicketOut | None = Field(None, description="the ticket the run waits on, if any")
+    tickets: list[TicketOut] = Field(
+        default_factory=list, description="every open ticket (children's delegation tickets too)"
+    )
+    parent: ParentOut | None = Field(None, description="the run and call this child answers")
+    depth: int = Field(0, description="0 for a top-level run, 1 for its children, ...")
+    children: list[ChildOut] = Field(default_factory=list, description="child runs, oldest first")
+    plugin_state: dict[str, Any] = Field(
+        default_factory=dict, description="committed plugin state by plugin key"
+    )
     batches: list[BatchOut]
     active_batch: BatchOut | None = Field(None, description="the open (unfinalized) batch")
     mcp_servers: list[dict[str, Any]] = Field(

@@ -252,7 +252,8 @@ def run_context(
         .defer("run__snapshot")  # the folded RunView grows with the run; not shown here
         .order_by("opened_seq")
     )
-    open_ticket = next((t for t in tickets if t.state == "open"), None)
+    waited = (doc["ticket"] or {}).get("id")  # children's tickets are open but not waited on
+    open_ticket = next((t for t in tickets if t.id == waited), None)
     reconciliations = mark_corrections(
         list(
             ReconciliationRecord.objects.filter(call__run_id=run_id)
@@ -279,6 +280,8 @@ def run_context(
         "open_ticket": open_ticket,
         "calls": calls,
         "reconciliations": reconciliations,
+        # Children change state without a commit of this run: the page polls while any lives.
+        "live_children": any(child["state"] != "ended" for child in doc["children"]),
     }
 
 

@@ -58,6 +58,8 @@ class TicketCard:
     @property
     def decisions(self) -> list[str]:
         kind = TicketKind(self.ticket.kind)
+        if kind is TicketKind.DELEGATION:  # answered by its child run's end, not by people
+            return []
         return [d.value for d in Decision if d in DECISIONS_FOR_KIND[kind]]
 
     @property
@@ -68,7 +70,7 @@ class TicketCard:
 
 def build_card(ticket: Ticket, data: Any = None) -> TicketCard:
     card = TicketCard(ticket=ticket)
-    if ticket.kind in ("input", "delegation") and ticket.state == "open":
+    if ticket.kind == "input" and ticket.state == "open":
         # jsonb (PostgreSQL) keeps no key order; the call's raw argument text does.
         order = schema_order(ticket.schema, ticket.call.arguments_text)
         card.answer_form = SchemaForm(ticket.schema or {}, data=data, order=order)
@@ -121,7 +123,8 @@ def _cursor(ticket: Ticket) -> str:
 
 def _open_tickets(data: dict[str, Any]):
     """Open tickets matching the inbox filters (kind, tool, agent, minimum age)."""
-    rows = Ticket.objects.filter(state="open")
+    # A child run's end answers a delegation ticket; the child's own tickets are listed.
+    rows = Ticket.objects.filter(state="open").exclude(kind="delegation")
     if data.get("kind"):
         rows = rows.filter(kind=data["kind"])
     if data.get("tool"):
@@ -277,7 +280,11 @@ def answer(request: HtmxHttpRequest, ticket: Ticket, post: Any) -> tuple[TicketC
         card.notice = closed_notice(ticket)
         return card, 409
     if raw not in card.decisions:
-        card.error = f"This {ticket.kind} ticket is answered with: {', '.join(card.decisions)}."
+        card.error = (
+            f"This {ticket.kind} ticket is answered with: {', '.join(card.decisions)}."
+            if card.decisions
+            else "This delegation ticket is answered by its child run's end."
+        )
         return card, 400
     decision = Decision(raw)
     answer_value: Any = None

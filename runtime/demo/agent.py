@@ -10,13 +10,13 @@ from typing import Annotated, Any
 
 from django.db import connection
 from django.utils import timezone
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from runtime import conf
 from runtime.agents import Agent, ProviderConfig
 from runtime.domain.model import Permission, RecoveryPolicy
 from runtime.models import LedgerEffect
-from runtime.tools import Fenced, InputWait, ToolContext, tool
+from runtime.tools import Fenced, InputWait, ToolContext, delegate, tool
 
 Key = Annotated[str, Field(min_length=1, max_length=200, description="what to record")]
 
@@ -99,6 +99,36 @@ def slow(ctx: ToolContext, seconds: Annotated[float, Field(ge=0, le=3600)]) -> d
     return {"slept": seconds}
 
 
+@tool(policy=RecoveryPolicy.REPLAY, max_attempts=3)
+def wait(ctx: ToolContext, seconds: Annotated[float, Field(ge=0, le=31_536_000)]) -> dict[str, Any]:
+    """Wait the given number of seconds without holding a worker (a timer ticket)."""
+    ctx.wait_for(seconds)
+    return {"waited": seconds}
+
+
+class DelegateDemoArguments(BaseModel):
+    """The demo's delegate tool: the child's task and, for the scripted child, its script."""
+
+    model_config = ConfigDict(extra="forbid")
+    input: Annotated[str, Field(min_length=1, max_length=20000, description="the child's task")]
+    script: dict[str, Any] | None = Field(
+        default=None, description="the scripted child's script (metadata.script of the child)"
+    )
+
+
+def _child_metadata(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"script": arguments["script"]} if arguments.get("script") is not None else {}
+
+
+delegate_demo = delegate(
+    agent="demo",
+    name="delegate",
+    description="Hand a task to a child demo agent and get its final answer.",
+    arguments_model=DelegateDemoArguments,
+    metadata=_child_metadata,
+)
+
+
 demo = Agent(
     name="demo",
     description="Scripted demo agent whose tools write to an effect ledger.",
@@ -106,7 +136,16 @@ demo = Agent(
         "You are a demo agent. Use the ledger tools to record keys when asked; "
         "ask for input when you need it."
     ),
-    tools=(ledger_replay, ledger_reconnect, ledger_once, ledger_approval, ask_input, slow),
+    tools=(
+        ledger_replay,
+        ledger_reconnect,
+        ledger_once,
+        ledger_approval,
+        ask_input,
+        slow,
+        wait,
+        delegate_demo,
+    ),
     provider=ProviderConfig(kind="scripted"),
     step_limit=8,
 )
@@ -128,7 +167,7 @@ def assistant() -> Agent:
         name="assistant",
         description="The demo tools driven by a real model (see docs/real-models.md).",
         instructions=demo.instructions,
-        tools=demo.tools,
+        tools=tuple(t for t in demo.tools if t.delegate is None),
         provider=ProviderConfig(
             kind=kind,
             model=os.environ.get("RUNTIME_MODEL", "llama3.2"),

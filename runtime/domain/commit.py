@@ -20,9 +20,11 @@ from runtime.domain.events import (
     CallExecuting,
     CallIndeterminate,
     CallResumed,
+    ChildStarted,
     Event,
     ReconciliationRecorded,
     RunActivated,
+    StateStaged,
     StepCommitted,
 )
 from runtime.domain.model import (
@@ -37,6 +39,7 @@ from runtime.domain.model import (
     RunState,
     RunView,
     ThreadHead,
+    TicketKind,
     ToolBatch,
     ToolCall,
 )
@@ -100,10 +103,13 @@ def _open_call(run: RunView, call_id: str) -> ToolCall:
 
 
 def _check_in_order(run: RunView, call: ToolCall) -> None:
-    """Calls start in the model's order: every earlier call must be terminal first."""
+    """Calls start in the model's order: every earlier call must be terminal first, or
+    awaiting its delegated child (terminal-only delegation runs concurrently)."""
     batch = run.open_batch
     assert batch is not None
-    earlier = [c for c in batch.calls if c.index < call.index and not c.phase.terminal]
+    earlier = [
+        c for c in batch.calls if c.index < call.index and not (c.phase.terminal or c.detached)
+    ]
     if earlier and call.phase is CallPhase.REQUESTED:
         raise IllegalTransition(
             "tool call",
@@ -132,6 +138,8 @@ def _apply_event(run: RunView, event: Event) -> RunView:  # noqa: C901 - one bra
             call = _open_call(run, call_id)
             _check_in_order(run, call)
             return _replace_call(run, t.await_ticket(call, ticket_id))
+        case ChildStarted():
+            return _start_child(run, event)
         case CallResumed():
             return _resume(run, event)
         case CallCompleted(call_id=call_id, result=result, is_error=is_error):
@@ -150,6 +158,10 @@ def _apply_event(run: RunView, event: Event) -> RunView:  # noqa: C901 - one bra
                 waiting = [c.index for c in batch.calls if not c.phase.terminal]
                 raise InvalidCommit(f"calls {waiting} are not terminal; the batch stays open")
             return replace(run, batches=(*run.batches[:-1], replace(batch, finalized=True)))
+        case StateStaged(key=key, value=value):
+            if not key or not isinstance(value, dict):
+                raise InvalidCommit("staged state is a JSON object under a plugin's key")
+            return replace(run, plugin_state={**run.plugin_state, key: value})
         case RunActivated() | ReconciliationRecorded():
             raise InvalidCommit(f"{type(event).__name__} cannot appear here")
     raise InvalidCommit(f"unknown event {event!r}")
@@ -191,12 +203,32 @@ def _open_batch(run: RunView, step: int, calls: tuple[ToolCall, ...]) -> RunView
     return replace(run, batches=(*run.batches, ToolBatch(step=step, calls=calls)))
 
 
+def _start_child(run: RunView, event: ChildStarted) -> RunView:
+    """The delegated wait of an Executing call (DESIGN.md: Executing -> Awaiting, delegated)."""
+    ticket = event.ticket
+    if (
+        ticket.kind is not TicketKind.DELEGATION
+        or ticket.call_id != event.call_id
+        or ticket.run_id != run.run_id
+        or ticket.request.get("child_run_id") != event.child_run_id
+    ):
+        raise InvalidCommit("a child's ticket is a delegation ticket of its call naming the child")
+    if ticket.id in run.consumed_tickets or run.wait(ticket.id) or run.ticket == ticket:
+        raise InvalidDisposition("a ticket is opened once")
+    call = _open_call(run, event.call_id)
+    run = _replace_call(run, t.delegate(call, ticket.id, event.child_run_id))
+    return replace(run, waits=(*run.waits, ticket))
+
+
 def _resume(run: RunView, event: CallResumed) -> RunView:
-    if run.ticket is None:
+    ticket = run.wait(event.ticket_id) or run.ticket
+    if ticket is None:
+        if event.ticket_id in run.consumed_tickets:
+            raise TicketConsumed(ticket_id=event.ticket_id)
         raise NotAwaiting(state=run.state.value)
     command = ResumeCommand(
         ticket_id=event.ticket_id,
-        kind=run.ticket.kind,
+        kind=ticket.kind,
         decision=event.decision,
         input=event.input,
         call_id=event.call_id,
@@ -204,15 +236,32 @@ def _resume(run: RunView, event: CallResumed) -> RunView:
     )
     check_resume(run, command)
     call = _open_call(run, event.call_id)
+    woken_at = ticket.request.get("due_at") if ticket.kind is TicketKind.TIMER else None
+    result = resume_result(event, ticket.kind)
     updated = t.resume_call(
-        call, event.ticket_id, event.decision, resume_result(event), event.arguments
+        call, event.ticket_id, event.decision, result, event.arguments, woken_at=woken_at
     )
     run = _replace_call(run, updated)
-    return replace(run, ticket=None, consumed_tickets=(*run.consumed_tickets, event.ticket_id))
+    held = None if run.ticket is not None and run.ticket.id == event.ticket_id else run.ticket
+    return replace(
+        run,
+        ticket=held,
+        waits=tuple(w for w in run.waits if w.id != event.ticket_id),
+        consumed_tickets=(*run.consumed_tickets, event.ticket_id),
+    )
 
 
-def resume_result(event: CallResumed) -> str:
-    """The result text a deny or an input answer publishes for the model."""
+def resume_result(event: CallResumed, kind: TicketKind = TicketKind.APPROVAL) -> str:
+    """The result text a deny or an input answer publishes for the model.
+
+    A child's natural end publishes its final answer (``input["answer"]``); any other end is
+    an error whose text (``reason``) names the cause and the child.
+    """
+    if kind is TicketKind.DELEGATION:
+        if event.decision is Decision.DENY:
+            return event.reason
+        answer = event.input.get("answer") if isinstance(event.input, dict) else None
+        return answer if isinstance(answer, str) else json.dumps(event.input, sort_keys=True)
     if event.decision is Decision.DENY:
         return "Denied by operator" + (f": {event.reason}" if event.reason else ".")
     if event.decision is Decision.INPUT:
@@ -236,9 +285,12 @@ def check_resume(run: RunView, command: ResumeCommand) -> None:
         raise RunEnded(end_cause=run.end_cause and run.end_cause.value)
     if command.ticket_id in run.consumed_tickets:
         raise TicketConsumed(ticket_id=command.ticket_id)
-    if run.state is not RunState.AWAITING or run.ticket is None:
+    # A delegation ticket answers whenever its child ends, whether or not the run waits on it.
+    delegated = run.wait(command.ticket_id) if command.kind is TicketKind.DELEGATION else None
+    if delegated is None and (run.state is not RunState.AWAITING or run.ticket is None):
         raise NotAwaiting(state=run.state.value)
-    ticket = run.ticket
+    ticket = delegated or run.ticket
+    assert ticket is not None
     if command.ticket_id != ticket.id or command.call_id not in (None, ticket.call_id):
         raise TicketMismatch(open_ticket=ticket.id, given=command.ticket_id)
     if command.kind is not ticket.kind or command.decision not in DECISIONS_FOR_KIND[ticket.kind]:
@@ -288,17 +340,23 @@ def publication(batch: ToolBatch) -> tuple[Message, ...]:
 
 
 def _apply_disposition(
-    before: RunState | None, run: RunView, disposition: Disposition, resumed: bool
+    before: RunState | None,
+    run: RunView,
+    disposition: Disposition,
+    resumed: bool,
+    delivered: bool = False,
 ) -> RunView:
+    """``resumed``: the ticket the run waited on was consumed by this commit; ``delivered``:
+    a delegation ticket the run did not wait on was (DESIGN.md departure: delegation waits)."""
     to = disposition.state
     if before is None and to is not RunState.RUNNING:
         raise _refuse_run(before, to, "a run activates as Running")
     if before is RunState.AWAITING and to is RunState.RUNNING and not resumed:
         raise _refuse_run(before, to, "only a validated ResumeCommand resumes an Awaiting run")
     if before is RunState.AWAITING and to is RunState.AWAITING:
-        raise _refuse_run(before, to, "an Awaiting run waits on one ticket at a time")
-    if before is RunState.RUNNING and resumed:
-        raise _refuse_run(before, to, "a resume needs an Awaiting run")
+        same = run.ticket is not None and run.ticket == disposition.ticket
+        if not (resumed or (delivered and same)):
+            raise _refuse_run(before, to, "an Awaiting run waits on one ticket at a time")
     batch = run.open_batch
     if to is RunState.AWAITING:
         ticket = disposition.ticket
@@ -310,20 +368,28 @@ def _apply_disposition(
             raise InvalidDisposition("the ticket must be the wait of a call in the open batch")
         if ticket.id in run.consumed_tickets:
             raise InvalidDisposition("a consumed ticket is never delivered again")
+        if run.ticket is not None and run.ticket != ticket:
+            raise _refuse_run(before, to, "an Awaiting run waits on one ticket at a time")
+        if call.detached and run.wait(ticket.id) != ticket:
+            raise InvalidDisposition("a run waits on a child only with the child's own ticket")
         return replace(run, state=to, ticket=ticket)
     if to is RunState.ENDED:
         if batch is not None:
             raise _refuse_run(before, to, "an ending run seals and finalizes its open batch")
-        consumed = run.consumed_tickets + ((run.ticket.id,) if run.ticket else ())
+        open_ids = {w.id for w in run.waits} | ({run.ticket.id} if run.ticket else set())
+        consumed = run.consumed_tickets + tuple(sorted(open_ids))
         return replace(
             run,
             state=to,
             end_cause=disposition.end_cause,
             error=disposition.error,
             ticket=None,
+            waits=(),
             consumed_tickets=consumed,
         )
-    if batch and any(c.phase is CallPhase.AWAITING and not c.approved for c in batch.calls):
+    if batch and any(
+        c.phase is CallPhase.AWAITING and not (c.approved or c.detached) for c in batch.calls
+    ):
         raise _refuse_run(before, to, "a call awaits a ticket, so the run must be Awaiting")
     return replace(run, state=to)
 
@@ -359,7 +425,14 @@ def apply_commit(
         if head.active_run_id is not None:
             raise RunAlreadyActive(active_run_id=head.active_run_id)
         before: RunState | None = None
-        run = RunView(run_id=draft.run_id, thread_id=head.thread_id, agent=event.agent)
+        run = RunView(
+            run_id=draft.run_id,
+            thread_id=head.thread_id,
+            agent=event.agent,
+            parent_run_id=event.parent_run_id,
+            parent_call_id=event.parent_call_id,
+            depth=event.depth,
+        )
         events = draft.events[1:]
     else:
         if run is None:
@@ -381,16 +454,19 @@ def apply_commit(
     if draft.disposition is None:
         raise InvalidDisposition("a run's commit carries its RunDisposition")
     draft.disposition.validate()
-    resumed = False
+    held = run.ticket
+    delivered = False
     for event in events:
         if before is RunState.AWAITING and not isinstance(event, AWAITING_EVENTS):
             raise _refuse_run(
                 before, draft.disposition.state, "an Awaiting run changes only by resume or end"
             )
         run = _apply_event(run, event)
-        resumed = resumed or isinstance(event, CallResumed)
+        delivered = delivered or isinstance(event, CallResumed)
+    resumed = held is not None and held.id in run.consumed_tickets
     _check_messages(run, draft, activation)
-    run = replace(_apply_disposition(before, run, draft.disposition, resumed), version=version)
+    run = _apply_disposition(before, run, draft.disposition, resumed, delivered)
+    run = replace(run, version=version)
     active = None if run.state is RunState.ENDED else run.run_id
     return replace(head, version=version, active_run_id=active), run
 

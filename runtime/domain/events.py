@@ -8,16 +8,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.domain.model import JSON, Decision, ToolCall
+from runtime.domain.model import JSON, Decision, ResumeTicket, ToolCall
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunActivated:
-    """A new Run starts on the thread (RunActivation: the first commit of a Run)."""
+    """A new Run starts on the thread (RunActivation: the first commit of a Run).
+
+    A child Run names its parent run and the delegate call it answers, and its depth
+    (1 for a child of a top-level run).
+    """
 
     run_id: str
     agent: str
     metadata: JSON = None
+    parent_run_id: str | None = None
+    parent_call_id: str | None = None
+    depth: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +57,17 @@ class CallAwaiting:
 
     call_id: str
     ticket_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildStarted:
+    """A delegate call's child Run is committed (on its own thread, in the same database
+    transaction); the call awaits ``ticket`` (kind delegation) until the child ends."""
+
+    call_id: str
+    child_run_id: str
+    child_thread_id: str
+    ticket: ResumeTicket
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +113,15 @@ class BatchFinalized:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StateStaged:
+    """A plugin's typed state (a JSON object under its key), staged by a StepStart,
+    BeforeInference, AfterInference or AfterTool hook and committed with that boundary."""
+
+    key: str
+    value: JSON
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReconciliationRecorded:
     """An operator recorded what the downstream system says of an Indeterminate call."""
 
@@ -110,9 +137,11 @@ Event = (
     | BatchOpened
     | CallExecuting
     | CallAwaiting
+    | ChildStarted
     | CallResumed
     | CallCompleted
     | CallIndeterminate
     | BatchFinalized
+    | StateStaged
     | ReconciliationRecorded
 )

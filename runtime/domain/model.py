@@ -185,6 +185,17 @@ class ToolCall:
     is_error: bool = False
     effect_may_have_started: bool = False
     source: JSON = field(default_factory=lambda: {"kind": "python"})
+    child_run_id: str | None = None
+    woken_at: str | None = None
+
+    @property
+    def detached(self) -> bool:
+        """Awaiting its delegated child: a wait that does not hold later calls back.
+
+        Terminal-only delegation runs concurrently (seed: "Terminal-only child delegation may
+        run concurrently"); every other wait blocks the calls after it.
+        """
+        return self.phase is CallPhase.AWAITING and self.child_run_id is not None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -231,6 +242,15 @@ class RunView:
     ticket: ResumeTicket | None = None
     consumed_tickets: tuple[str, ...] = ()
     version: int = 0  # sequence of the last commit that touched this run
+    # Open delegation tickets, one per call awaiting its child (see ToolCall.detached).
+    waits: tuple[ResumeTicket, ...] = ()
+    parent_run_id: str | None = None
+    parent_call_id: str | None = None
+    depth: int = 0
+    plugin_state: dict[str, JSON] = field(default_factory=dict)  # by plugin key
+
+    def wait(self, ticket_id: str) -> ResumeTicket | None:
+        return next((w for w in self.waits if w.id == ticket_id), None)
 
     @property
     def open_batch(self) -> ToolBatch | None:

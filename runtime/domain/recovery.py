@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.domain.model import CallPhase, RecoveryPolicy, RunState, RunView, ToolBatch, ToolCall
+from runtime.domain.model import (
+    CallPhase,
+    RecoveryPolicy,
+    ResumeTicket,
+    RunState,
+    RunView,
+    ToolBatch,
+    ToolCall,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,20 +61,29 @@ class Finalize:
 
 
 @dataclass(frozen=True, slots=True)
+class Park:
+    """Only calls awaiting their children are left: the run waits on the first one's ticket
+    (so that no worker holds it) until a child's terminus is delivered."""
+
+    ticket: ResumeTicket
+
+
+@dataclass(frozen=True, slots=True)
 class Idle:
     """Nothing to do for a worker: the run awaits its ticket or has ended."""
 
     state: RunState
 
 
-Action = Infer | StepLimit | Gate | ExecuteApproved | RecoverExecuting | Finalize | Idle
+Action = Infer | StepLimit | Gate | ExecuteApproved | RecoverExecuting | Finalize | Park | Idle
 
 
 def next_action(run: RunView, step_limit: int) -> Action:
     """Return what the committed frontier calls for (the seed's recovery decision table).
 
     An open batch is resolved before the model is asked anything; calls are taken in the
-    model's order; terminal calls are kept as they are.
+    model's order; terminal calls are kept as they are; calls awaiting a delegated child do
+    not hold later calls back, and the batch finalizes only when every call is terminal.
     """
     if run.state is not RunState.RUNNING:
         return Idle(run.state)
@@ -74,12 +91,16 @@ def next_action(run: RunView, step_limit: int) -> Action:
     if batch is None:
         return StepLimit() if run.step >= step_limit else Infer(run.step + 1)
     for call in batch.calls:
+        if call.detached:
+            continue
         if call.phase is CallPhase.REQUESTED:
             return Gate(call)
         if call.phase is CallPhase.EXECUTING:
             return RecoverExecuting(call)
         if call.phase is CallPhase.AWAITING:
             return ExecuteApproved(call) if call.approved else Idle(RunState.AWAITING)
+    if run.waits:
+        return Park(run.waits[0])
     return Finalize(batch)
 
 

@@ -74,7 +74,9 @@ def start_attempt(call: ToolCall, attempt: int) -> ToolCall:
         raise _refuse(call, X, "the pinned policy never retries an attempt that may have started")
     if attempt != call.attempt + 1:
         raise _refuse(call, X, f"attempt must be {call.attempt + 1}, got {attempt}")
-    if attempt > call.max_attempts:
+    # The budget counts attempts whose outcome may be unknown; an attempt that ended in a
+    # committed wait (a timer) finished cleanly, so resuming it is not a retry.
+    if attempt > call.max_attempts and call.phase is not A:
         raise _refuse(call, X, f"the pinned budget allows {call.max_attempts} attempts")
     return replace(call, phase=X, attempt=attempt, approved=False)
 
@@ -85,22 +87,35 @@ def await_ticket(call: ToolCall, ticket_id: str) -> ToolCall:
     return replace(call, phase=A, ticket_id=ticket_id, approved=False)
 
 
+def delegate(call: ToolCall, ticket_id: str, child_run_id: str) -> ToolCall:
+    """Park an Executing delegate call on its child (Executing -> Awaiting, delegated wait)."""
+    if call.phase is not X:
+        raise _refuse(call, A, "a child is started by an Executing delegate call")
+    return replace(await_ticket(call, ticket_id), child_run_id=child_run_id)
+
+
 def resume_call(
     call: ToolCall,
     ticket_id: str,
     decision: Decision,
     result: str,
     arguments: dict[str, Any] | None = None,
+    *,
+    woken_at: str | None = None,
 ) -> ToolCall:
     """Apply a validated resume: approve stays Awaiting (approved, with the operator's
-    ``arguments`` if edited), deny / input / respond complete."""
+    ``arguments`` if edited), deny / input / respond complete. ``woken_at`` is the due time
+    of a fired timer, which the next attempt's ToolContext sees."""
     if call.phase is not A or call.ticket_id != ticket_id or call.approved:
         raise _refuse(call, X, f"the call is not awaiting ticket {ticket_id}")
     if decision is Decision.APPROVE:
+        woken = woken_at or call.woken_at
         if arguments is not None:
             text = json.dumps(arguments, ensure_ascii=False)
-            return replace(call, approved=True, arguments=arguments, arguments_text=text)
-        return replace(call, approved=True)
+            return replace(
+                call, approved=True, arguments=arguments, arguments_text=text, woken_at=woken
+            )
+        return replace(call, approved=True, woken_at=woken)
     return complete(call, result, is_error=decision is Decision.DENY)
 
 

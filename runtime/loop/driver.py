@@ -20,7 +20,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runtime import logs, tracing
+from runtime import logs, staging, tracing
 from runtime.agents import Agent, get_agent
 from runtime.coordinator import Lease, commit, read_frontier
 from runtime.crash import crash_point
@@ -108,6 +108,7 @@ class RunDriver:
         self.messages: list[Message] | None = None  # the thread's committed messages
         self.staged: list[Staged] = []
         self.claim = ExitStack()  # what lives as long as this claim: the MCP sessions
+        self.plugin_stage = staging.Stage()  # plugin state staged since the last commit
         if frontier is not None:
             self._hold(frontier.run, frontier.version)
             self.metadata = frontier.metadata
@@ -173,7 +174,8 @@ class RunDriver:
             expected_version=self.version,
             disposition=disposition,
             messages=messages,
-            events=flushed + events,
+            # staged plugin state rides the boundary's commit (runtime.staging)
+            events=flushed + events + self.plugin_stage.events(),
             actor=f"worker:{self.worker_id}",
         )
         for attempt in range(NOTE_RETRIES):
@@ -189,6 +191,7 @@ class RunDriver:
                 draft = replace(draft, expected_version=self.version)
         assert done.run is not None
         self.staged.clear()
+        self.plugin_stage.clear()
         self._hold(done.run, done.head.version)
         if self.messages is not None:  # a request carries no meta (see thread_messages)
             self.messages.extend(replace(m, meta={}) for m in messages)
@@ -224,7 +227,8 @@ class RunDriver:
         operator's command landed first) makes it reload and decide again.
         """
         try:
-            self._drive()
+            with staging.active(self.plugin_stage):
+                self._drive()
             return self.committed
         finally:
             self.claim.close()
@@ -316,6 +320,8 @@ class RunDriver:
                 execute.execute(self, agent, call, call.attempt + 1)
             case rec.RecoverExecuting(call=call):
                 execute.recover(self, agent, call)
+            case rec.Park(ticket=ticket):
+                self.commit(Disposition.awaiting(ticket))
             case rec.Finalize(batch=batch):
                 finalized = BatchFinalized(step=batch.step)
                 self.commit(Disposition.running(), (finalized,), publication(batch))

@@ -12,14 +12,15 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runtime import delegation, timers
 from runtime.agents import Agent
 from runtime.crash import crash_point
 from runtime.domain import recovery as rec
 from runtime.domain.events import CallCompleted, CallExecuting, CallIndeterminate
-from runtime.domain.model import Disposition, RecoveryPolicy, ToolCall
+from runtime.domain.model import Disposition, RecoveryPolicy, TicketKind, ToolCall
 from runtime.errors import LeaseLost
 from runtime.hooks import call_hooks
-from runtime.tools import Fenced, Tool, ToolContext, ToolError
+from runtime.tools import Fenced, Tool, ToolContext, ToolError, WaitRequested
 
 if TYPE_CHECKING:
     from runtime.loop.driver import RunDriver
@@ -36,6 +37,7 @@ class Outcome:
     result: str | None = None
     is_error: bool = False
     failure: str | None = None  # set when the attempt's outcome cannot be classified
+    wait: WaitRequested | None = None  # the tool asked to wait for a time
 
 
 def context(d: RunDriver, call: ToolCall, attempt: int) -> ToolContext:
@@ -46,6 +48,7 @@ def context(d: RunDriver, call: ToolCall, attempt: int) -> ToolContext:
         attempt=attempt,
         worker_id=d.worker_id,
         lease_epoch=d.lease.epoch,
+        woken_at=call.woken_at,
     )
 
 
@@ -68,16 +71,36 @@ def execute(
         (CallExecuting(call_id=call.call_id, attempt=attempt, worker=d.worker_id),),
     )
     crash_point("executing_committed")
+    if tool.delegate is not None:
+        delegate(d, call, tool, arguments)
+        return
     outcome = run_tool(d, tool, context(d, call, attempt), arguments)
     crash_point("effect_applied")
     assert d.run is not None
     current = d.run.find_call(call.call_id)
     assert current is not None
-    if outcome.failure is None:
+    if outcome.wait is not None:
+        from runtime.loop import gate  # gate starts calls through this module
+
+        gate.wait(d, current, TicketKind.TIMER, timers.ticket_request(outcome.wait), None)
+    elif outcome.failure is None:
         assert outcome.result is not None
         finish(d, agent, current, outcome.result, outcome.is_error)
     else:  # unclassified: the pinned policy decides, as in recovery
         recover(d, agent, current, cause=f"the tool failed: {outcome.failure}")
+
+
+def delegate(d: RunDriver, call: ToolCall, tool: Tool, arguments: dict[str, Any]) -> None:
+    """Start the Executing delegate call's child (see runtime.delegation); a child that cannot
+    start completes the call with the reason."""
+    assert d.run is not None
+    current = d.run.find_call(call.call_id)
+    assert current is not None
+    failed = delegation.start_child(d.run, current, tool, arguments, d.commit)
+    if failed is not None:
+        d.stage_result(
+            CallCompleted(call_id=call.call_id, result=failed, is_error=True), current.attempt
+        )
 
 
 def run_tool(d: RunDriver, tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> Outcome:
@@ -95,6 +118,8 @@ def run_tool(d: RunDriver, tool: Tool, ctx: ToolContext, arguments: dict[str, An
             return Outcome(result=tool.run(ctx, arguments))
         except Fenced:
             raise
+        except WaitRequested as wait:
+            return Outcome(wait=wait)
         except ToolError as exc:
             return Outcome(result=str(exc) or type(exc).__name__, is_error=True)
         except Exception as exc:  # the tool's own bug or an unknown downstream failure
@@ -140,6 +165,9 @@ def recover(d: RunDriver, agent: Agent, call: ToolCall, cause: str | None = None
     unclassified): the call's pinned ToolRecoveryPolicy decides."""
     decision = rec.executing_decision(call)
     tool = agent.tool_for(call)
+    if tool is not None and tool.delegate is not None:  # idempotent by operation id
+        delegate(d, call, tool, tool.parse(call.arguments_text))
+        return
     if isinstance(decision, rec.Lookup):
         found = tool.lookup(context(d, call, call.attempt)) if tool and tool.lookup else None
         if found is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from runtime import delegation
 from runtime.agents import Agent
 from runtime.crash import crash_point
 from runtime.domain.events import CallAwaiting, CallCompleted
@@ -49,6 +50,12 @@ def gate(d: RunDriver, agent: Agent, call: ToolCall) -> None:
         arguments = tool.parse(call.arguments_text)
     except ToolArgumentsError as exc:
         block(d, call, str(exc))
+        return
+    refused = tool.delegate and delegation.refusal(
+        d.run, call, tuple(t.name for t in agent.tools if t.delegate)
+    )
+    if refused:
+        block(d, call, refused)
         return
     if tool.input_wait is not None:
         request, schema = tool.input_wait.build(arguments)

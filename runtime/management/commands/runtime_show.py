@@ -38,9 +38,17 @@ class Command(BaseCommand):
         )
         if document["error"]:
             self.stdout.write(f"  error: {describe_error(document['error'])}")
-        if document["ticket"]:
-            ticket = document["ticket"]
-            self.stdout.write(f"  open ticket {ticket['id']} kind={ticket['kind']}")
+        if document["parent"]:
+            parent = document["parent"]
+            self.stdout.write(f"  parent run {parent['run']} call {parent['call']}")
+        for child in document["children"]:
+            ended = f" ({child['end_cause']})" if child["end_cause"] else ""
+            self.stdout.write(
+                f"  child run {child['id']} agent={child['agent']} state={child['state']}{ended}"
+            )
+        for ticket in document["tickets"]:
+            due = f" due_at={ticket['due_at']}" if ticket["due_at"] else ""
+            self.stdout.write(f"  open ticket {ticket['id']} kind={ticket['kind']}{due}")
         for batch in document["batches"]:
             mark = "finalized" if batch["finalized"] else "open"
             self.stdout.write(f"  step {batch['step']} batch ({mark})")

@@ -1,0 +1,117 @@
+"""Child runs and timers on the API: the run document's ``parent``, ``children``, open
+``tickets`` and a timer's ``due_at``; ``GET /runs?parent=``; firing a timer through resume."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from console.api.events import stream_run
+from runtime.worker import Worker
+from tests.api.sse import parse
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drive() -> None:
+    """Claim and drive runs with the real Worker (which releases each lease) until idle."""
+    worker = Worker(worker_id="api-tests", until_idle=True)
+    while worker.step():
+        pass
+
+
+GATED_CHILD = {
+    "input": "record g",
+    "script": {
+        "steps": [
+            {"tool_calls": [{"name": "ledger_approval", "arguments": {"key": "g"}}]},
+            {"text": "child done"},
+        ]
+    },
+}
+
+
+def test_parent_and_children_documents(api, start):
+    parent = start(
+        {"tool_calls": [{"name": "delegate", "arguments": GATED_CHILD}]}, {"text": "done"}
+    )
+    drive()
+    document = api.get(f"/runs/{parent['id']}").json()
+    assert (document["state"], document["parent"], document["depth"]) == ("awaiting", None, 0)
+    (child,) = document["children"]
+    (call,) = document["batches"][0]["calls"]
+    assert child["agent"] == "demo" and child["state"] == "awaiting"
+    assert child["call_id"] == call["call_id"]
+    assert document["ticket"]["kind"] == "delegation"
+    assert document["ticket"]["request"]["child_run_id"] == child["id"]
+    assert [t["id"] for t in document["tickets"]] == [document["ticket"]["id"]]
+
+    child_doc = api.get(f"/runs/{child['id']}").json()
+    assert child_doc["parent"] == {"run": parent["id"], "call": call["call_id"]}
+    assert (child_doc["depth"], child_doc["children"]) == (1, [])
+    assert child_doc["ticket"]["kind"] == "approval"
+
+    listed = api.get(f"/runs?parent={parent['id']}").json()["items"]
+    assert [r["id"] for r in listed] == [child["id"]]
+    assert api.get(f"/runs?parent={child['id']}").json()["items"] == []
+
+    answered = api.post(
+        f"/runs/{child['id']}/resume",
+        {"ticket_id": child_doc["ticket"]["id"], "kind": "approval", "decision": "approve"},
+    )
+    assert answered.status_code == 200, answered.content
+    drive()
+    document = api.get(f"/runs/{parent['id']}").json()
+    assert (document["state"], document["end_cause"]) == ("ended", "natural")
+    assert document["batches"][0]["calls"][0]["result"] == "child done"
+    assert document["children"][0]["end_cause"] == "natural"
+
+
+def test_timer_due_at_and_fire_now(api, start):
+    run = start({"tool_calls": [{"name": "wait", "arguments": {"seconds": 3600}}]}, {"text": "ok"})
+    drive()
+    document = api.get(f"/runs/{run['id']}").json()
+    ticket = document["ticket"]
+    assert ticket["kind"] == "timer" and ticket["request"] == {"due_at": ticket["due_at"]}
+    due = datetime.fromisoformat(ticket["due_at"])
+    assert due.utcoffset().total_seconds() == 0
+    fired = api.post(
+        f"/runs/{run['id']}/resume",
+        {"ticket_id": ticket["id"], "kind": "timer", "decision": "approve", "note": "now"},
+    )
+    assert fired.status_code == 200, fired.content
+    assert fired.json()["state"] == "running"
+    again = api.post(
+        f"/runs/{run['id']}/resume",
+        {"ticket_id": ticket["id"], "kind": "timer", "decision": "approve"},
+    )
+    assert again.status_code == 409 and again.json()["error"]["code"] == "ticket_consumed"
+    drive()
+    document = api.get(f"/runs/{run['id']}").json()
+    assert (document["state"], document["end_cause"]) == ("ended", "natural")
+    assert document["batches"][0]["calls"][0]["result"] == '{"waited": 3600.0}'
+
+
+@pytest.mark.asyncio
+async def test_the_parents_stream_carries_the_delivery(api, start):
+    """The parent's SSE stream carries the commit that delivered its child's terminus."""
+    child = {"input": "x", "script": {"steps": [{"text": "forty-two"}]}}
+    parent = await sync_to_async(start)(
+        {"tool_calls": [{"name": "delegate", "arguments": child}]}, {"text": "done"}
+    )
+    try:
+        await sync_to_async(drive)()
+        chunks = [c async for c in stream_run(parent["id"], cursor=0, live=False, timeout=10)]
+    finally:
+        await sync_to_async(connections.close_all)()
+    commits = [e for e in parse("".join(chunks).split("\n")) if e.event == "commit"]
+    (delivery,) = [e for e in commits if e.data["actor"].startswith("child:")]
+    (event,) = delivery.data["events"]
+    assert (event["type"], event["decision"], event["input"]["answer"]) == (
+        "CallResumed",
+        "input",
+        "forty-two",
+    )
