@@ -167,3 +167,10 @@ class DelegationRefused(RuntimeFault):
 
     code = "delegation_refused"
     status = 422
+
+
+class ReconciliationContradicts(RuntimeFault):
+    """The outcome contradicts the call's earlier reconciliation; record it as a correction."""
+
+    code = "reconciliation_contradicts"
+    status = 409

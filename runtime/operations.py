@@ -38,12 +38,13 @@ from runtime.errors import (
     InvalidCommit,
     InvalidInput,
     NotFound,
+    ReconciliationContradicts,
     RunEnded,
     RuntimeFault,
     ScriptRefused,
     VersionConflict,
 )
-from runtime.models import CommandRecord, Thread, ToolCallRecord, new_id
+from runtime.models import CommandRecord, ReconciliationRecord, Thread, ToolCallRecord, new_id
 from runtime.providers.scripted import parse_script
 from runtime.tools import ToolArgumentsError
 from runtime.untrusted import UntrustedJSONError, answer_problem, check_storable, is_id
@@ -370,6 +371,16 @@ def reconciliation_problem(outcome: str, evidence: str) -> str | None:
     return None
 
 
+def _contradicted(call: ToolCallRecord, outcome: str) -> ReconciliationRecord | None:
+    """The call's latest applied/not_applied record when ``outcome`` says the opposite."""
+    if outcome not in ("applied", "not_applied"):
+        return None
+    earlier = (
+        call.reconciliations.filter(outcome__in=("applied", "not_applied")).order_by("seq").last()
+    )
+    return earlier if earlier is not None and earlier.outcome != outcome else None
+
+
 def reconcile(
     call_id: str,
     *,
@@ -377,8 +388,13 @@ def reconcile(
     evidence: str = "",
     actor: str = "",
     follow_up_agent: str | None = None,
+    correction: bool = False,
 ) -> dict[str, Any]:
     """Record what the downstream system says of an Indeterminate call, as a thread note.
+
+    An "applied" or "not_applied" that contradicts the call's latest decided record is refused
+    with ReconciliationContradicts (409, naming that commit) unless ``correction`` says it
+    corrects it: one rule for the console and the API.
 
     ``outcome`` is "applied", "not_applied" or "unknown". Nothing is reopened; with
     ``follow_up_agent`` a new run starts on the thread with the outcome as its input (when the
@@ -393,6 +409,13 @@ def reconcile(
     call = ToolCallRecord.objects.select_related("run").filter(id=call_id).first()
     if call is None:
         raise NotFound(f"tool call {call_id} does not exist")
+    if not correction and (earlier := _contradicted(call, outcome)) is not None:
+        raise ReconciliationContradicts(
+            f"this contradicts commit #{earlier.seq} ({earlier.outcome.replace('_', ' ')} by "
+            f"{earlier.actor or 'an unnamed actor'}); record it as a correction to replace it",
+            earlier_seq=earlier.seq,
+            earlier_outcome=earlier.outcome,
+        )
     thread_id = call.run.thread_id
     event = ReconciliationRecorded(
         run_id=call.run_id, call_id=call_id, outcome=outcome, evidence=evidence

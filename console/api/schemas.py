@@ -161,6 +161,11 @@ class ReconcileIn(Schema):
 
     outcome: Outcome
     evidence: Evidence = ""
+    correction: bool = Field(
+        False,
+        description="true when this outcome corrects (contradicts) the call's earlier record; "
+        "without it a contradicting outcome is refused with 409 reconciliation_contradicts",
+    )
 
 
 # -- the run document -----------------------------------------------------------------------------

@@ -112,7 +112,11 @@ def reconcile(request: HttpRequest, call_id: Id, payload: ReconcileIn) -> Status
     audited fact on the thread; nothing is reopened. 422 ``invalid_commit`` when the call is
     not Indeterminate. A follow-up run is started separately (``POST /threads/{id}/runs``)."""
     answer = operations.reconcile(
-        call_id, outcome=payload.outcome, evidence=payload.evidence, actor=actor(request)
+        call_id,
+        outcome=payload.outcome,
+        evidence=payload.evidence,
+        actor=actor(request),
+        correction=payload.correction,
     )
     call = (
         ToolCallRecord.objects.only("run_id", "run__thread_id")

@@ -21,7 +21,7 @@ from console.models import OPERATE, READ
 from console.views.common import HtmxHttpRequest, actor, needs, render_page
 from runtime import operations
 from runtime.coordinator import executing_attempts
-from runtime.errors import RunAlreadyActive, RuntimeFault
+from runtime.errors import ReconciliationContradicts, RunAlreadyActive, RuntimeFault
 from runtime.models import LateEvidence, ReconciliationRecord, ToolCallRecord
 
 
@@ -126,14 +126,6 @@ def reconcile_counts() -> dict[str, int]:
     return {"pending_count": pending, "done_count": total - pending}
 
 
-def _contradicted(card: CallCard, data: dict[str, Any]) -> ReconciliationRecord | None:
-    """The earlier record a new outcome contradicts, unless the operator said it corrects it."""
-    decided = [r for r in card.records if r.outcome in ("applied", "not_applied")]
-    if not decided or data.get("correction") or data["outcome"] in ("unknown", decided[-1].outcome):
-        return None
-    return decided[-1]
-
-
 @needs(OPERATE, write=True)
 def reconcile_call(request: HtmxHttpRequest, call_id: str) -> HttpResponse:
     """Record a downstream outcome; optionally start a follow-up run on the thread."""
@@ -146,13 +138,6 @@ def reconcile_call(request: HtmxHttpRequest, call_id: str) -> HttpResponse:
     if not form.is_valid():
         card.error = "Check the form."
         status = 400
-    elif (earlier := _contradicted(card, form.cleaned_data)) is not None:
-        card.error = (
-            f"This contradicts commit #{earlier.seq} ({earlier.outcome.replace('_', ' ')} by "
-            f'{earlier.actor or "an unnamed actor"}). Tick "This corrects the earlier '
-            'record" to record it as a correction.'
-        )
-        status = 409
     else:
         data = form.cleaned_data
         try:
@@ -162,6 +147,7 @@ def reconcile_call(request: HtmxHttpRequest, call_id: str) -> HttpResponse:
                 evidence=data["evidence"],
                 actor=actor(request),
                 follow_up_agent=data["follow_up_agent"] or None,
+                correction=bool(data.get("correction")),
             )
         except RunAlreadyActive:
             # The note and the follow-up land together or not at all (operations.reconcile).
@@ -170,6 +156,13 @@ def reconcile_call(request: HtmxHttpRequest, call_id: str) -> HttpResponse:
                 "Record the outcome without a follow-up, or wait for that run to end."
             )
             status = 409
+        except ReconciliationContradicts as exc:
+            card.error = (
+                f"This contradicts commit #{exc.detail['earlier_seq']} "
+                f'({exc.detail["earlier_outcome"].replace("_", " ")}). Tick "This corrects the '
+                'earlier record" to record it as a correction.'
+            )
+            status = exc.status
         except RuntimeFault as exc:
             card.error = exc.message
             status = exc.status

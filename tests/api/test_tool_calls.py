@@ -86,6 +86,23 @@ def test_reconciliation_records_an_audited_fact(api, sealed):
     assert [r["outcome"] for r in listed["reconciliations"]] == ["applied"]
 
 
+def test_a_contradicting_reconciliation_must_say_it_is_a_correction(api, sealed):
+    """The console's rule, in the one place both surfaces call (operations.reconcile)."""
+    (_, call_id) = sealed["started"]
+    path = f"/tool-calls/{call_id}/reconciliation"
+    first = api.post(path, {"outcome": "applied", "evidence": "row 42"}).json()
+    before = commit_count()
+    refused = api.post(path, {"outcome": "not_applied", "evidence": "no row"})
+    assert refused.status_code == 409, refused.content
+    error = refused.json()["error"]
+    assert error["code"] == "reconciliation_contradicts"
+    assert error["detail"]["earlier_seq"] == first["seq"]
+    assert commit_count() == before  # a refusal writes nothing
+    assert api.post(path, {"outcome": "unknown"}).status_code == 201  # no contradiction
+    corrected = api.post(path, {"outcome": "not_applied", "evidence": "no row", "correction": True})
+    assert corrected.status_code == 201, corrected.content
+
+
 def test_unreconciled_lists_what_the_console_still_shows(api, sealed):
     (_, call_id) = sealed["started"]
     assert [i["call_id"] for i in api.get("/tool-calls", unreconciled="true").json()["items"]] == [
