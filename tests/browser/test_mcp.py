@@ -56,7 +56,7 @@ def test_gated_mcp_call_is_approved_in_the_browser_and_runs_once(effects, stack,
     expect(card).to_contain_text("k-7")
     expect(card.locator("[data-testid=mcp-source]")).to_contain_text("MCP server effects")
     card.get_by_role("button", name="Approve", exact=True).click()
-    expect(inbox.locator("#flash")).to_contain_text("Approved by olga")
+    expect(card.locator("[data-outcome]")).to_contain_text("Approved by olga")
     inbox.close()
 
     expect(page.locator("[data-testid=run-state]")).to_contain_text(
