@@ -7,6 +7,7 @@ which the views render with its own status code (403, 404, 409, 422) and message
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from functools import wraps
 from typing import Any
 from urllib.parse import urlencode
@@ -21,6 +22,7 @@ from django.views.decorators.http import require_POST
 from django_htmx.middleware import HtmxDetails
 
 from console.models import OPERATE, READ, RESUME
+from runtime.untrusted import is_id
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -90,3 +92,15 @@ def render_page(
     wants_partial = bool(htmx) and not htmx.boosted and not htmx.history_restore_request
     name = f"{template}#{partial}" if partial and wants_partial else template
     return TemplateResponse(request, name, {**abilities(request), **context}, status=status)
+
+
+def parse_cursor(raw: str) -> tuple[datetime, str] | None:
+    """Read a keyset cursor ``<ISO time>~<id>`` from a query string: (time, id), or None for
+    anything else (a crafted cursor is untrusted text: only an id the runtime could have issued
+    reaches the database)."""
+    stamp, _, ident = raw.partition("~")
+    try:
+        when = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    return (when, ident) if is_id(ident) else None

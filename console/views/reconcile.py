@@ -8,7 +8,6 @@ run may start with it as its input.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
@@ -18,7 +17,7 @@ from django.shortcuts import redirect
 
 from console.forms import ReconcileForm
 from console.models import OPERATE, READ
-from console.views.common import HtmxHttpRequest, actor, needs, render_page
+from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, render_page
 from runtime import operations
 from runtime.coordinator import executing_attempts
 from runtime.errors import ReconciliationContradicts, RunAlreadyActive, RuntimeFault
@@ -96,7 +95,7 @@ def reconciliation(request: HtmxHttpRequest) -> HttpResponse:
     calls = _calls().order_by("-updated_at", "-id")
     if show == "open":
         calls = calls.filter(reconciliations__isnull=True)
-    after = _parse_cursor(request.GET.get("after", ""))
+    after = parse_cursor(request.GET.get("after", ""))
     if after:
         calls = calls.filter(Q(updated_at__lt=after[0]) | Q(updated_at=after[0], id__lt=after[1]))
     page = list(calls[: PAGE + 1])
@@ -108,14 +107,6 @@ def reconciliation(request: HtmxHttpRequest) -> HttpResponse:
     context["paged"] = after is not None
     context["cards"] = [_card(c) for c in page]
     return render_page(request, "console/reconcile.html", context, partial="calls")
-
-
-def _parse_cursor(raw: str) -> tuple[datetime, str] | None:
-    stamp, _, call_id = raw.partition("~")
-    try:
-        return datetime.fromisoformat(stamp), call_id
-    except ValueError:
-        return None
 
 
 def reconcile_counts() -> dict[str, int]:

@@ -19,7 +19,7 @@ from django.urls import reverse
 
 from console.forms import SCRIPT_EXAMPLES, CancelForm, RunFilterForm, StartRunForm
 from console.models import OPERATE, READ
-from console.views.common import HtmxHttpRequest, actor, needs, render_page
+from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, render_page
 from console.views.reconcile import mark_corrections
 from console.views.tickets import attach_notes, build_card
 from runtime import operations
@@ -34,7 +34,6 @@ from runtime.models import (
     Ticket,
     ToolCallRecord,
 )
-from runtime.untrusted import is_id
 
 PAGE_SIZE = 50
 STATES = ("running", "awaiting", "ended")
@@ -43,15 +42,6 @@ CAUSES = ("natural", "step_limit", "cancelled", "stopped", "failed", "indetermin
 
 def _cursor(run: Run) -> str:
     return f"{run.created_at.isoformat()}~{run.id}"
-
-
-def _parse_cursor(raw: str) -> tuple[datetime, str] | None:
-    stamp, _, run_id = raw.partition("~")
-    try:
-        when = datetime.fromisoformat(stamp)
-    except ValueError:
-        return None
-    return (when, run_id) if is_id(run_id) else None
 
 
 def _counts() -> dict[str, Any]:
@@ -138,8 +128,8 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
     form.is_valid()
     data = form.cleaned_data
     rows = _filtered(data)
-    cursor = _parse_cursor(data.get("after") or "")
-    top = _parse_cursor(data.get("top") or "")
+    cursor = parse_cursor(data.get("after") or "")
+    top = parse_cursor(data.get("top") or "")
     newer = 0
     if cursor:
         rows = _older_or_same(rows, cursor, inclusive=False)

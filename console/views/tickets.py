@@ -11,7 +11,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.contrib import messages
@@ -23,7 +23,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from console.forms import DenyForm, InboxFilterForm, SchemaForm, schema_order
 from console.models import READ, RESUME
-from console.views.common import HtmxHttpRequest, actor, needs, render_page
+from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, render_page
 from runtime import operations
 from runtime.agents import registry
 from runtime.domain.model import DECISIONS_FOR_KIND, Decision, ResumeCommand, TicketKind
@@ -188,7 +188,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     if part == "recent":
         context["recent"] = _recent()
         return render_page(request, "console/inbox.html", context, partial="recent")
-    after = _parse_cursor(data.get("after") or "")
+    after = parse_cursor(data.get("after") or "")
     if after:
         rows = rows.filter(Q(created_at__gt=after[0]) | Q(created_at=after[0], id__gt=after[1]))
     page = list(
@@ -209,14 +209,6 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         agents=sorted(registry()),
     )
     return render_page(request, "console/inbox.html", context, partial="tickets")
-
-
-def _parse_cursor(raw: str) -> tuple[datetime, str] | None:
-    stamp, _, ticket_id = raw.partition("~")
-    try:
-        return datetime.fromisoformat(stamp), ticket_id
-    except ValueError:
-        return None
 
 
 def _ticket(ticket_id: str) -> Ticket:
