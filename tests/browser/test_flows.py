@@ -18,9 +18,10 @@ APPROVAL_SCRIPT = {
     "steps": [
         {
             "text": "Let me record that. The ledger needs an approval first, so I ask for it.",
-            # ~6 s of streaming: room for a loaded machine to see the text before it commits
-            "chunks": 40,
-            "delay_ms": 150,
+            # ~15 s of streaming: room for a loaded machine to open the page and see the text
+            # before it commits
+            "chunks": 60,
+            "delay_ms": 250,
             "tool_calls": [{"name": "ledger_approval", "arguments": {"key": "invoice-42"}}],
         },
         {"text": "Recorded invoice-42 once, after the approval.", "chunks": 8, "delay_ms": 60},
