@@ -512,7 +512,7 @@ def _update_run_each(cursor: Any, w: _Writes) -> bool:
 def _update_each(
     cursor: Any, model: type[models.Model], values: dict[str, Any], where: str, params: list
 ) -> int:
-    fields = {f.name: f for f in model._meta.concrete_fields}
+    fields = _fields_by_name(model)
     sets = ", ".join(f"{connection.ops.quote_name(fields[n].column)} = %s" for n in values)
     prepared = [fields[n].get_db_prep_save(v, connection) for n, v in values.items()]
     cursor.execute(f"UPDATE {_table(model)} SET {sets} WHERE {where}", prepared + params)
@@ -525,16 +525,14 @@ def _insert_each(cursor: Any, objs: list[models.Model], *, upsert: tuple[str, ..
     by_model: dict[type[models.Model], list[models.Model]] = {}
     for obj in objs:
         by_model.setdefault(type(obj), []).append(obj)
-    quote = connection.ops.quote_name
     for model, rows in by_model.items():
-        fields = [f for f in model._meta.concrete_fields if not isinstance(f, models.AutoField)]
+        fields = _fields(model)
         sql = (
-            f"INSERT INTO {_table(model)} ({', '.join(quote(f.column) for f in fields)}) "
+            f"INSERT INTO {_table(model)} ({_names(_columns(model))}) "
             f"VALUES ({', '.join(['%s'] * len(fields))})"
         )
         if upsert:
-            sets = ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in upsert)
-            sql += f" ON CONFLICT (id) DO UPDATE SET {sets}"
+            sql += f" {_upsert_sql(model, upsert)}"
         cursor.executemany(
             sql,
             [
@@ -593,7 +591,7 @@ def _statement(w: _Writes) -> tuple[str, dict[str, Any]]:
         ctes.append(f"run_row AS ({_update_run_sql(w)})")
     else:
         ctes.append("run_row AS (SELECT NULL::varchar AS id WHERE false)")
-    log_columns = [c for c in _columns(ThreadCommit) if c != "run_id"]
+    log_columns = tuple(c for c in _columns(ThreadCommit) if c != "run_id")
     ctes.append(
         f"log AS (INSERT INTO {commit_t} ({_names(log_columns)}, run_id) "
         f"SELECT {_names(log_columns, 'x')}, (SELECT id FROM run_row) "
@@ -628,11 +626,15 @@ def _statement(w: _Writes) -> tuple[str, dict[str, Any]]:
 
 def _update_run_sql(w: _Writes) -> str:
     assert w.run_update is not None
+    columns = tuple(_column_values(Run, w.run_update))
+    return _run_update_sql(columns, w.lease is not None)
+
+
+@cache
+def _run_update_sql(columns: tuple[str, ...], fenced: bool) -> str:
     run = _table(Run)
-    columns = list(_column_values(Run, w.run_update))
-    fence = ""
-    renew = ""
-    if w.lease is not None:
+    fence = renew = ""
+    if fenced:
         fence = " AND r.lease_owner = %(owner)s AND r.lease_epoch = %(epoch)s"
         if "lease_expires_at" not in columns:  # a commit is also a heartbeat, on the db clock
             renew = ", lease_expires_at = now() + make_interval(secs => %(ttl)s)"
@@ -644,6 +646,7 @@ def _update_run_sql(w: _Writes) -> str:
     )
 
 
+@cache
 def _close_ticket_sql() -> str:
     ticket = _table(Ticket)
     columns = ("state", "decision", "closed_seq", "closed_at", "closed_by")
@@ -659,17 +662,29 @@ def _table(model: type[models.Model]) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
-def _names(columns: list[str] | tuple[str, ...], alias: str | None = None) -> str:
+@cache
+def _names(columns: tuple[str, ...], alias: str | None = None) -> str:
     quote = connection.ops.quote_name
     return ", ".join(f"{alias}.{quote(c)}" if alias else quote(c) for c in columns)
 
 
 @cache
-def _columns(model: type[models.Model]) -> list[str]:
-    """The columns an insert writes: every concrete field but an auto-incremented key."""
-    return [f.column for f in model._meta.concrete_fields if not isinstance(f, models.AutoField)]
+def _fields(model: type[models.Model]) -> tuple[models.Field, ...]:
+    """The fields an insert writes: every concrete field but an auto-incremented key."""
+    return tuple(f for f in model._meta.concrete_fields if not isinstance(f, models.AutoField))
 
 
+@cache
+def _columns(model: type[models.Model]) -> tuple[str, ...]:
+    return tuple(f.column for f in _fields(model))
+
+
+@cache
+def _fields_by_name(model: type[models.Model]) -> dict[str, models.Field]:
+    return {f.name: f for f in model._meta.concrete_fields}
+
+
+@cache
 def _insert_sql(model: type[models.Model], param: str, *, source: str = "", many: bool = False):
     """``INSERT ... SELECT`` of the rows in the jsonb parameter ``param``, typed by the table's
     own row type, after the head moved."""
@@ -686,6 +701,7 @@ def _insert_sql(model: type[models.Model], param: str, *, source: str = "", many
     )
 
 
+@cache
 def _upsert_sql(model: type[models.Model], update: tuple[str, ...]) -> str:
     quote = connection.ops.quote_name
     sets = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in update)
@@ -695,17 +711,14 @@ def _upsert_sql(model: type[models.Model], update: tuple[str, ...]) -> str:
 def _rows(objs: list[models.Model]) -> list[dict[str, Any]]:
     """Column values of unsaved instances, as JSON the table's row type reads back."""
     return [
-        {
-            f.column: _json_value(f.get_prep_value(getattr(obj, f.attname)))
-            for f in obj._meta.concrete_fields
-            if not isinstance(f, models.AutoField)
-        }
+        {f.column: _json_value(f.get_prep_value(getattr(obj, f.attname))) for f in fields}
         for obj in objs
+        for fields in (_fields(type(obj)),)
     ]
 
 
 def _column_values(model: type[models.Model], values: dict[str, Any]) -> dict[str, Any]:
-    fields = {f.name: f for f in model._meta.concrete_fields}
+    fields = _fields_by_name(model)
     return {
         fields[name].column: _json_value(fields[name].get_prep_value(value))
         for name, value in values.items()

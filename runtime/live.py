@@ -14,6 +14,7 @@ from collections import deque
 from typing import Any
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from runtime.signals import CommitNotice
 
@@ -32,8 +33,10 @@ class _Publisher:
 
     The loop is the one that serves live viewers when this process has them (``bind``,
     called by the consumers: the in-memory layer only works within one loop), else a private
-    loop on a daemon thread (a worker process publishing through Redis). A drain task runs
-    only while messages wait, so a loop can close with nothing of ours pending.
+    loop on a daemon thread (a worker process publishing through Redis). With the in-memory
+    layer and no viewer bound yet nothing is sent: no one could receive it (this spares every
+    commit of a worker process without Redis the hand-over). A drain task runs only while
+    messages wait, so a loop can close with nothing of ours pending.
     """
 
     def __init__(self) -> None:
@@ -70,6 +73,8 @@ class _Publisher:
 
     def send(self, group: str, message: dict[str, Any]) -> None:
         with self.lock:
+            if self.loop is None and _in_process_layer():
+                return  # an in-memory layer reaches only viewers of this process: none yet
             if self.loop is None or self.loop.is_closed():
                 self.loop = self._start_private_loop()
             loop = self.loop
@@ -77,6 +82,13 @@ class _Publisher:
             loop.call_soon_threadsafe(self._enqueue, (group, message))
         except RuntimeError:  # the loop closed between the check and the call
             log.warning("live send to %s dropped: its loop is closed", group)
+
+
+def _in_process_layer() -> bool:
+    """True when the channel layer is the in-memory one (settings.CHANNEL_LAYERS), which
+    carries messages only within this process."""
+    backend = settings.CHANNEL_LAYERS.get("default", {}).get("BACKEND", "")
+    return backend.endswith("InMemoryChannelLayer")
 
 
 _publisher = _Publisher()

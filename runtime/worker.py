@@ -1,9 +1,11 @@
 """The worker: claims runnable Runs under a lease, drives them, and wakes promptly.
 
-A claim is one statement: ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)
-RETURNING`` on PostgreSQL (the IMMEDIATE write lock on SQLite) that bumps the run's lease
-epoch and returns everything the driver needs (the committed RunView, the thread's version,
-the run's metadata), so a claimed run is driven without another read. Every commit of the
+A claim is one statement: ``WITH picked AS (SELECT ... FOR UPDATE SKIP LOCKED) UPDATE ...
+RETURNING`` on PostgreSQL (the IMMEDIATE write lock on SQLite) that bumps the lease epoch of
+up to one run per loop waiting for work and returns everything the driver needs (the committed
+RunView, the thread's version and messages, the run's metadata), so a claimed run is driven
+without another read. Runs claimed for loops of the worker that were waiting are handed to
+them (the heartbeat renews their leases meanwhile; a stop releases them). Every commit of the
 owner is fenced on (owner, epoch), so a stale owner whose lease expired can write nothing
 more. Leases are stamped and judged on the database's clock. One heartbeat thread per worker
 renews all the leases it holds in one statement.
@@ -21,6 +23,8 @@ import logging
 import os
 import socket
 import threading
+import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,14 +35,16 @@ from django.db.models.functions import Greatest
 from runtime import codec, conf, logs, metrics, registry, timers
 from runtime.coordinator import WAKE_CHANNEL, Lease
 from runtime.db import db_later, db_now, keep_usable
-from runtime.domain.model import EndCause, RunState
+from runtime.domain.model import EndCause, Message, RunState
 from runtime.errors import LeaseLost
 from runtime.loop import Frontier, ToolThread, drive
-from runtime.models import Run, Thread
+from runtime.models import MessageRecord, Run, Thread
 from runtime.operations import end_run
 from runtime.signals import commit_announced
 
 log = logging.getLogger("runtime.worker")
+
+TIMER_CHECK_SECONDS = 1.0  # a busy worker looks for due timers at most this often
 
 
 def default_worker_id() -> str:
@@ -56,61 +62,99 @@ class Claim:
 
 def claim(worker_id: str) -> Claim | None:
     """Take the lease of the oldest runnable run, or return None when none is runnable."""
+    taken = claim_many(worker_id, 1)
+    return taken[0] if taken else None
+
+
+def claim_many(worker_id: str, limit: int) -> list[Claim]:
+    """Take the leases of up to ``limit`` runnable runs, oldest first, in one statement;
+    return them (empty when none is runnable). Runs other workers hold are skipped, never
+    waited for (SKIP LOCKED on PostgreSQL; SQLite has one writer at a time)."""
     ttl = conf.lease_ttl()
     if connection.vendor == "postgresql":
-        return _claim_postgres(worker_id, ttl)
+        return _claim_postgres(worker_id, ttl, limit)
     with transaction.atomic():  # IMMEDIATE: the write lock is taken at BEGIN
-        row = (
+        ids = list(
             Run.objects.runnable(db_now())
             .order_by("committed_at")
-            .values("id", "lease_epoch")
-            .first()
+            .values_list("id", flat=True)[:limit]
         )
-        if row is None:
-            return None
-        Run.objects.filter(id=row["id"]).update(
+        if not ids:
+            return []
+        Run.objects.filter(id__in=ids).update(
             lease_owner=worker_id,
             lease_expires_at=db_later(ttl),
             lease_epoch=F("lease_epoch") + 1,
             claims=F("claims") + 1,
         )
-        taken = Run.objects.filter(id=row["id"]).values(*CLAIMED).first()
-        version = Thread.objects.filter(id=taken["thread_id"]).values_list("version", flat=True)
-        return _claimed(worker_id, ttl, (*taken.values(), version.first()))
+        taken = {row["id"]: row for row in Run.objects.filter(id__in=ids).values(*CLAIMED)}
+        versions = dict(
+            Thread.objects.filter(id__in=[row["thread_id"] for row in taken.values()]).values_list(
+                "id", "version"
+            )
+        )
+        return [
+            _claimed(worker_id, ttl, (*row.values(), versions[row["thread_id"]], None))
+            for row in (taken[run_id] for run_id in ids)
+        ]
 
 
 CLAIMED = ("id", "thread_id", "lease_epoch", "claims", "failures", "snapshot", "metadata")
 
 
-def _claim_postgres(worker_id: str, ttl: Any) -> Claim | None:
-    run, thread = Run._meta.db_table, Thread._meta.db_table
+def _claim_postgres(worker_id: str, ttl: Any, limit: int) -> list[Claim]:
+    """One statement: lock up to ``limit`` runnable runs (skipping locked ones), take their
+    leases, and return each with its thread's version and committed messages (so the driver
+    reads nothing before its first inference)."""
+    run, thread, message = Run._meta.db_table, Thread._meta.db_table, MessageRecord._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
+            f"WITH picked AS (SELECT id FROM {run} WHERE state = 'running' "
+            "  AND (lease_expires_at IS NULL OR lease_expires_at < now()) "
+            "  ORDER BY committed_at LIMIT %s FOR UPDATE SKIP LOCKED) "
             f"UPDATE {run} AS r SET lease_owner = %s, lease_expires_at = now() + %s, "
             "lease_epoch = r.lease_epoch + 1, claims = r.claims + 1 "
-            f"FROM {thread} AS t WHERE t.id = r.thread_id AND r.id = ("
-            f"  SELECT id FROM {run} WHERE state = 'running' "
-            "  AND (lease_expires_at IS NULL OR lease_expires_at < now()) "
-            "  ORDER BY committed_at LIMIT 1 FOR UPDATE SKIP LOCKED) "
+            f"FROM picked, {thread} AS t WHERE r.id = picked.id AND t.id = r.thread_id "
             "RETURNING r.id, r.thread_id, r.lease_epoch, r.claims, r.failures, r.snapshot, "
-            "r.metadata, t.version",
-            [worker_id, ttl],
+            "r.metadata, t.version, (SELECT coalesce(jsonb_agg(jsonb_build_array(m.role, "
+            "m.content, m.tool_calls, m.tool_call_id, m.name) ORDER BY m.seq, m.idx), '[]') "
+            f"FROM {message} AS m WHERE m.thread_id = r.thread_id)",
+            [limit, worker_id, ttl],
         )
-        row = cursor.fetchone()
-    return _claimed(worker_id, ttl, row) if row else None
+        rows = cursor.fetchall()
+    return [_claimed(worker_id, ttl, row) for row in rows]
 
 
 def _claimed(worker_id: str, ttl: Any, row: tuple[Any, ...]) -> Claim:
-    run_id, _thread, epoch, claims, failures, snapshot, metadata, version = row
+    run_id, _thread, epoch, claims, failures, snapshot, metadata, version, messages = row
     metrics.claimed(deaths=claims - 1 - failures)
     if isinstance(snapshot, str):  # a raw cursor on PostgreSQL hands jsonb over as text
         snapshot, metadata = json.loads(snapshot), json.loads(metadata)
+    if isinstance(messages, str):
+        messages = json.loads(messages)
     return Claim(
         run_id,
         Lease(worker_id=worker_id, epoch=epoch, ttl=ttl),
         claims,
         failures,
-        Frontier(run=codec.load_run(snapshot), version=version, metadata=metadata or {}),
+        Frontier(
+            run=codec.load_run(snapshot),
+            version=version,
+            metadata=metadata or {},
+            messages=None if messages is None else [_message(m) for m in messages],
+        ),
+    )
+
+
+def _message(row: list[Any]) -> Message:
+    """A Message from the claim's ``[role, content, tool_calls, tool_call_id, name]``."""
+    role, content, tool_calls, tool_call_id, name = row
+    return Message(
+        role=role,
+        content=content,
+        tool_calls=tuple(tool_calls),
+        tool_call_id=tool_call_id,
+        name=name,
     )
 
 
@@ -200,6 +244,10 @@ class Worker:
         self.stopping = threading.Event()
         self.wake = threading.Event()
         self.heartbeat = Heartbeat()
+        self.lock = threading.Lock()
+        self.claimed: deque[Claim] = deque()  # claimed in a batch, not yet taken by a loop
+        self.waiting = 0  # loops waiting for work: the next batch claims for them too
+        self.timers_checked = 0.0  # time.monotonic() of the last look for due timers
 
     # -- signals of new work --------------------------------------------------------------
 
@@ -229,17 +277,48 @@ class Worker:
         """Claim one runnable run and drive it; return whether there was work.
 
         ``tools`` is the loop's tool thread (one per loop, so tool calls reuse a connection).
+        Due timers are fired when there is nothing to claim, and at most every
+        TIMER_CHECK_SECONDS on a busy worker, so they cost the busy path no round trips.
         """
         keep_usable()
-        fired = timers.fire_due()  # a fired timer makes its run runnable for the claim below
-        taken = claim(self.worker_id)
+        taken = self.take()
         if taken is None:
-            return fired > 0
+            return self._fire_timers() > 0  # a fired timer's run is runnable at the next step
+        if time.monotonic() >= self.timers_checked + TIMER_CHECK_SECONDS:
+            self._fire_timers()
         log.info("run %s: claimed (epoch %s)", taken.run_id, taken.lease.epoch)
         if self._poisoned(taken):
             return True
         self._drive(taken, tools)
         return True
+
+    def _fire_timers(self) -> int:
+        self.timers_checked = time.monotonic()
+        return timers.fire_due()
+
+    def take(self) -> Claim | None:
+        """The next claim for this loop: one claimed for it earlier, else a new batch claimed
+        in one statement for it and for every loop of this worker waiting for work."""
+        with self.lock:
+            if self.claimed:
+                return self.claimed.popleft()
+            wanted = 1 + self.waiting
+        taken = claim_many(self.worker_id, wanted)
+        if len(taken) > 1:
+            for extra in taken[1:]:  # leased now: renewed until a loop drives it
+                self.heartbeat.hold(extra.run_id, extra.lease)
+            with self.lock:
+                self.claimed.extend(taken[1:])
+            self.wake.set()
+        return taken[0] if taken else None
+
+    def give_back(self) -> None:
+        """Release the runs claimed for loops that never took them (the worker stops)."""
+        with self.lock:
+            left, self.claimed = list(self.claimed), deque()
+        for taken in left:
+            self.heartbeat.drop(taken.run_id)
+            release(taken.lease, taken.run_id)
 
     def _poisoned(self, taken: Claim) -> bool:
         """End the run as Ended(indeterminate) when it is past its poison budget."""
@@ -295,9 +374,16 @@ class Worker:
                     continue
                 if self.until_idle and self.idle():
                     return
-                self.wake.wait(conf.idle_poll_seconds())
-                self.wake.clear()
+                with self.lock:
+                    self.waiting += 1
+                try:
+                    self.wake.wait(conf.idle_poll_seconds())
+                    self.wake.clear()
+                finally:
+                    with self.lock:
+                        self.waiting -= 1
         finally:
+            self.give_back()
             tools.close()
             connections.close_all()
 

@@ -60,11 +60,13 @@ class Abandon(Exception):
 
 @dataclass(slots=True)
 class Frontier:
-    """What a claim read of a run: its committed view, the thread's version and metadata."""
+    """What a claim read of a run: its committed view, the thread's version and metadata, and
+    the thread's committed messages when the claim read them too (None: read when needed)."""
 
     run: RunView
     version: int
     metadata: dict[str, Any] = field(default_factory=dict)
+    messages: list[Message] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,7 @@ class RunDriver:
         if frontier is not None:
             self._hold(frontier.run, frontier.version)
             self.metadata = frontier.metadata
+            self.messages = frontier.messages
 
     # -- committed state --------------------------------------------------------------------
 

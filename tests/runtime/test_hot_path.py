@@ -24,7 +24,7 @@ from runtime.loop import ToolThread
 from runtime.loop import drive as loop_drive
 from runtime.models import ThreadCommit
 from runtime.providers.scripted import ScriptedProvider
-from runtime.worker import Worker, claim
+from runtime.worker import Worker, claim, claim_many
 from tests.domain import drafts
 from tests.runtime.support import calls, run_row, text_step, tool_step
 
@@ -174,3 +174,40 @@ def test_a_thread_note_does_not_make_the_driver_ask_again(make_run, make_calls, 
         "",
         "worker:held",
     ]
+
+
+def test_a_claim_takes_a_batch_for_the_loops_waiting(start):
+    """Workers claim in batches (issue: the hot path, "dispatch without waiting"): one claim
+    takes a run for the loop that asks and one for each loop of the worker waiting for work.
+    The extra runs are held under the worker's heartbeat until a loop takes them (without a
+    statement), and a stopping worker gives back the ones no loop took."""
+    run_ids = [start(text_step()) for _ in range(3)]
+    worker = Worker(worker_id="batch", concurrency=3)
+    worker.waiting = 2  # two loops wait for work
+    with counting() as counted:
+        first = worker.take()
+    assert first is not None
+    held = {taken.run_id for taken in worker.claimed}
+    assert {first.run_id, *held} == set(run_ids)
+    assert set(worker.heartbeat.held) == held
+    assert {run_row(run_id).lease_owner for run_id in run_ids} == {"batch"}
+    if connection.vendor == "postgresql":
+        assert counted.statements == 1
+    with counting() as counted:
+        second = worker.take()
+    assert second is not None and second.run_id in held
+    assert counted.statements == 0
+    worker.give_back()
+    (left,) = held - {second.run_id}
+    assert (run_row(left).lease_owner, run_row(left).claims) == (None, 0)
+    assert left not in worker.heartbeat.held
+    assert claim("next").run_id == left  # runnable again at once
+
+
+def test_a_batch_claim_skips_runs_other_workers_hold(start):
+    run_ids = [start(text_step()) for _ in range(3)]
+    mine = claim_many("mine", 2)
+    theirs = claim_many("theirs", 5)
+    assert [taken.run_id for taken in mine] == run_ids[:2]  # oldest first
+    assert [taken.run_id for taken in theirs] == run_ids[2:]
+    assert claim_many("late", 5) == []

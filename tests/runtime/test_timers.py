@@ -112,6 +112,8 @@ def test_three_workers_race_and_it_fires_once(start, spawn_worker):
     run_id = start(wait_step(1.0), text_step())
     workers = [spawn_worker(until_idle=False, worker_id=f"w{i}") for i in range(3)]
     try:
+        # A SIGTERM before a worker set its handlers would kill it (exit -15), not stop it.
+        wait_for(lambda: all("started" in w.stderr for w in workers), what="the workers' starts")
         wait_for(lambda: run_row(run_id).state == "ended", timeout=60, what="the run's end")
     finally:
         for process in workers:
