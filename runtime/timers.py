@@ -2,8 +2,9 @@
 
 A tool waits with ``ctx.wait_until(when)`` / ``ctx.wait_for(seconds)``: its call moves
 Executing -> Awaiting on a ``timer`` ticket holding ``due_at`` (ISO 8601, UTC), and the run
-holds no worker. Every worker, on every pass, fires the due timers with the matching
-ResumeCommand (actor ``timer``). Several workers may race for one: on PostgreSQL each claims
+holds no worker. Workers fire the due timers with the matching ResumeCommand (actor
+``timer``): a worker whenever it finds nothing to claim, and a busy one at most once a second
+(``runtime.worker.TIMER_CHECK_SECONDS``). Several workers may race for one: on PostgreSQL each claims
 the ticket row with SKIP LOCKED, and on any database the commit's expected-version check and
 the consumed ticket refuse a second fire, so a timer fires exactly once, also across restarts
 (a due timer of a stopped deployment fires when a worker returns).
