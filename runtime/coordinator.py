@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache, partial
@@ -284,21 +285,7 @@ def _plan(
             actor=draft.actor,
             created_at=now,
         ),
-        messages=[
-            MessageRecord(
-                thread_id=draft.thread_id,
-                run_id=draft.run_id,
-                seq=seq,
-                idx=i,
-                role=m.role,
-                content=m.content,
-                tool_calls=list(m.tool_calls),
-                tool_call_id=m.tool_call_id,
-                name=m.name,
-                meta=m.meta,
-            )
-            for i, m in enumerate(draft.messages)
-        ],
+        messages=_message_records(draft, seq),
         reconciliations=[
             ReconciliationRecord(
                 thread_id=draft.thread_id,
@@ -316,6 +303,27 @@ def _plan(
     if draft.run_id is not None and run is not None:
         _plan_run(writes, draft, before, run, now)
     return writes
+
+
+def _message_records(draft: CommitDraft, seq: int) -> list[MessageRecord]:
+    if not draft.messages:
+        return []
+    assert draft.run_id is not None  # apply_commit refuses a thread note with messages
+    return [
+        MessageRecord(
+            thread_id=draft.thread_id,
+            run_id=draft.run_id,
+            seq=seq,
+            idx=i,
+            role=m.role,
+            content=m.content,
+            tool_calls=list(m.tool_calls),
+            tool_call_id=m.tool_call_id,
+            name=m.name,
+            meta=m.meta,
+        )
+        for i, m in enumerate(draft.messages)
+    ]
 
 
 def _plan_run(
@@ -513,13 +521,15 @@ def _update_each(
     cursor: Any, model: type[models.Model], values: dict[str, Any], where: str, params: list
 ) -> int:
     fields = {f.name: f for f in model._meta.concrete_fields}
-    sets = ", ".join(f"{connection.ops.quote_name(fields[n].column)} = %s" for n in values)
+    sets = ", ".join(f"{connection.ops.quote_name(_column(fields[n]))} = %s" for n in values)
     prepared = [fields[n].get_db_prep_save(v, connection) for n, v in values.items()]
     cursor.execute(f"UPDATE {_table(model)} SET {sets} WHERE {where}", prepared + params)
     return cursor.rowcount
 
 
-def _insert_each(cursor: Any, objs: list[models.Model], *, upsert: tuple[str, ...] = ()) -> None:
+def _insert_each(
+    cursor: Any, objs: Sequence[models.Model], *, upsert: tuple[str, ...] = ()
+) -> None:
     """Insert unsaved instances, each model's rows in one ``executemany``; ``upsert`` names the
     columns an existing row (same id) takes from the new one."""
     by_model: dict[type[models.Model], list[models.Model]] = {}
@@ -529,7 +539,7 @@ def _insert_each(cursor: Any, objs: list[models.Model], *, upsert: tuple[str, ..
     for model, rows in by_model.items():
         fields = [f for f in model._meta.concrete_fields if not isinstance(f, models.AutoField)]
         sql = (
-            f"INSERT INTO {_table(model)} ({', '.join(quote(f.column) for f in fields)}) "
+            f"INSERT INTO {_table(model)} ({', '.join(quote(_column(f)) for f in fields)}) "
             f"VALUES ({', '.join(['%s'] * len(fields))})"
         )
         if upsert:
@@ -654,6 +664,11 @@ def _close_ticket_sql() -> str:
     )
 
 
+def _column(field: models.Field[Any, Any]) -> str:
+    assert field.column is not None  # a concrete field has a column
+    return field.column
+
+
 @cache
 def _table(model: type[models.Model]) -> str:
     return connection.ops.quote_name(model._meta.db_table)
@@ -667,7 +682,7 @@ def _names(columns: list[str] | tuple[str, ...], alias: str | None = None) -> st
 @cache
 def _columns(model: type[models.Model]) -> list[str]:
     """The columns an insert writes: every concrete field but an auto-incremented key."""
-    return [f.column for f in model._meta.concrete_fields if not isinstance(f, models.AutoField)]
+    return [_column(f) for f in model._meta.concrete_fields if not isinstance(f, models.AutoField)]
 
 
 def _insert_sql(model: type[models.Model], param: str, *, source: str = "", many: bool = False):
@@ -692,11 +707,11 @@ def _upsert_sql(model: type[models.Model], update: tuple[str, ...]) -> str:
     return f"ON CONFLICT (id) DO UPDATE SET {sets}"
 
 
-def _rows(objs: list[models.Model]) -> list[dict[str, Any]]:
+def _rows(objs: Sequence[models.Model]) -> list[dict[str, Any]]:
     """Column values of unsaved instances, as JSON the table's row type reads back."""
     return [
         {
-            f.column: _json_value(f.get_prep_value(getattr(obj, f.attname)))
+            _column(f): _json_value(f.get_prep_value(getattr(obj, f.attname)))
             for f in obj._meta.concrete_fields
             if not isinstance(f, models.AutoField)
         }
@@ -707,7 +722,7 @@ def _rows(objs: list[models.Model]) -> list[dict[str, Any]]:
 def _column_values(model: type[models.Model], values: dict[str, Any]) -> dict[str, Any]:
     fields = {f.name: f for f in model._meta.concrete_fields}
     return {
-        fields[name].column: _json_value(fields[name].get_prep_value(value))
+        _column(fields[name]): _json_value(fields[name].get_prep_value(value))
         for name, value in values.items()
         if name != "id"
     }
