@@ -549,7 +549,7 @@ def seed() -> None:
             for row in plan:
                 copy.write_row(row)
         cur.execute(TOOLS)
-        params = {"runs": RUNS, "schema": INPUT_SCHEMA}
+        params: dict[str, int | str] = {"runs": RUNS, "schema": INPUT_SCHEMA}
         for label, sql in SEED_SQL:
             t0 = time.perf_counter()
             cur.execute(sql, params)
@@ -782,6 +782,7 @@ def start_daphne(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            assert proc.stderr is not None  # stderr=PIPE
             raise SystemExit(f"daphne exited: {proc.stderr.read().decode()[-2000:]}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -797,7 +798,9 @@ def login(base: str):
 
     client = httpx.Client(base_url=base, follow_redirects=False, timeout=30)
     page = client.get("/login/")
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+    assert found is not None, "the login page has no CSRF token"
+    token = found.group(1)
     answer = client.post(
         "/login/",
         data={"username": USERNAME, "password": PASSWORD, "csrfmiddlewaretoken": token},
@@ -825,10 +828,11 @@ async def live_latency(
     port: int, run_id: str, cookie: str, env: dict[str, str], count: int, interval: float
 ) -> dict[str, Any]:
     import websockets
+    from websockets.typing import Origin
 
     uri = f"ws://127.0.0.1:{port}/ws/runs/{run_id}/"
     async with websockets.connect(
-        uri, origin=f"http://127.0.0.1:{port}", additional_headers={"Cookie": cookie}
+        uri, origin=Origin(f"http://127.0.0.1:{port}"), additional_headers={"Cookie": cookie}
     ) as ws:
         hello = json.loads(await asyncio.wait_for(ws.recv(), 10))
         assert hello["event"] == "hello" and hello["run_id"] == run_id, hello

@@ -214,7 +214,7 @@ def floor(runs: int) -> float:
         RunActivated,
         StepCommitted,
     )
-    from runtime.domain.model import Disposition, EndCause, Message, ThreadHead
+    from runtime.domain.model import Disposition, EndCause, Message, RunView, ThreadHead
     from runtime.loop import RunDriver
     from runtime.providers.base import InferenceContext, InferenceRequest, ToolSpec
     from runtime.providers.scripted import ScriptedProvider, parse_script
@@ -233,7 +233,8 @@ def floor(runs: int) -> float:
 
     def one_run() -> None:
         thread_id, run_id = uuid.uuid4().hex, uuid.uuid4().hex
-        head, run = ThreadHead(thread_id=thread_id), None
+        head = ThreadHead(thread_id=thread_id)
+        run: RunView | None = None
         messages: list[Message] = []
 
         def commit(disposition, events=(), new=()):
@@ -256,6 +257,7 @@ def floor(runs: int) -> float:
         )
         provider = ScriptedProvider(parse_script(SCRIPT))
         while True:
+            assert run is not None  # the activation committed it
             action = rec.next_action(run, agent.step_limit)
             match action:
                 case rec.Idle():
@@ -304,19 +306,20 @@ def floor(runs: int) -> float:
                     )
                 case rec.Gate(call=call):
                     tool = agent.tool(call.name)
+                    assert tool is not None  # the script calls the demo agent's own tools
                     arguments = tool.parse(call.arguments_text)
                     commit(
                         Disposition.running(),
                         (CallExecuting(call_id=call.call_id, attempt=1, worker="floor"),),
                     )
-                    ctx = ToolContext(
+                    tool_ctx = ToolContext(
                         run_id=run_id,
                         call_id=call.call_id,
                         operation_id=call.operation_id,
                         attempt=1,
                         worker_id="floor",
                     )
-                    text = free[call.name].run(ctx, arguments)
+                    text = free[call.name].run(tool_ctx, arguments)
                     commit(
                         Disposition.running(), (CallCompleted(call_id=call.call_id, result=text),)
                     )

@@ -105,7 +105,7 @@ async def poll(client: httpx.AsyncClient, until: float, interval: float, out: li
 
 
 async def follow(client: httpx.AsyncClient, run_id: str, seconds: float, first: list, errors):
-    began = time.monotonic()
+    began: float | None = time.monotonic()
     params = {"live": 1, "timeout": seconds}
     try:
         async with client.stream("GET", f"/runs/{run_id}/events", params=params) as response:

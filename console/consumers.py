@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth import get_user_model
@@ -55,13 +55,26 @@ def _may_still_read(user_pk: Any) -> bool:
     return bool(user is not None and user.is_active and user.has_perm(READ))
 
 
+class _Committed(TypedDict):
+    version: int
+    state: str
+    end_cause: str | None
+    step: int
+
+
+class _StreamSoFar(TypedDict):
+    step: int
+    attempt: int
+    text: str
+
+
 @off_loop
-def _committed(run_id: str) -> dict[str, Any] | None:
+def _committed(run_id: str) -> _Committed | None:
     return Run.objects.filter(id=run_id).values("version", "state", "end_cause", "step").first()
 
 
 @off_loop
-def _stream_so_far(run_id: str, step: int) -> dict[str, Any] | None:
+def _stream_so_far(run_id: str, step: int) -> _StreamSoFar | None:
     """The in-flight step's checkpointed text (unconfirmed), so a late viewer sees its start."""
     return (
         StreamCheckpoint.objects.filter(run_id=run_id, step__gt=step)

@@ -201,10 +201,13 @@ class ReconcileForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["follow_up_agent"].choices = [("", "no follow-up run")] + agent_choices()
+        follow_up = self.fields["follow_up_agent"]
+        assert isinstance(follow_up, forms.ChoiceField)
+        follow_up.choices = [("", "no follow-up run")] + agent_choices()
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        assert data is not None  # Form.clean returns cleaned_data
         problem = reconciliation_problem(data.get("outcome") or "", data.get("evidence") or "")
         if problem is not None:
             self.add_error("evidence", problem)
@@ -235,7 +238,7 @@ class JSONTextField(forms.CharField):
 
     def to_python(self, value: Any) -> Any:
         text = super().to_python(value)
-        if text in self.empty_values:
+        if text is None or text in self.empty_values:
             return None
         try:
             return parse_json(text, "the value")
@@ -304,18 +307,18 @@ def schema_field(name: str, schema: Any, *, required: bool) -> forms.Field:
         if "pattern" in schema:
             field.widget.attrs["pattern"] = schema["pattern"]
         if schema.get("format") == "email":
-            field.widget.input_type = "email"  # type: ignore[attr-defined]
+            field.widget.input_type = "email"
         return field
     if kind == "integer":
         return forms.IntegerField(
             min_value=schema.get("minimum"), max_value=schema.get("maximum"), **common
         )
     if kind == "number":
-        field = forms.FloatField(
+        number = forms.FloatField(
             min_value=schema.get("minimum"), max_value=schema.get("maximum"), **common
         )
-        field.widget.attrs["step"] = "any"
-        return field
+        number.widget.attrs["step"] = "any"
+        return number
     if kind == "boolean":
         return BooleanChoiceField(**common)
     common["help_text"] = (common["help_text"] + " " if common["help_text"] else "") + (
@@ -346,6 +349,7 @@ class SchemaForm(forms.Form):
             properties, dict
         )
         if self.is_object:
+            assert isinstance(properties, dict)
             required = set(self.schema.get("required") or ())
             names = (
                 sorted(properties, key=lambda n: (order or []).index(n)) if order else properties

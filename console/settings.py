@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -72,7 +73,7 @@ def env_mcp_servers(name: str) -> list:
     return data
 
 
-def env_database(name: str, default: str) -> dict:
+def env_database(name: str, default: str) -> dj_database_url.DBConfig:
     """Parse a database URL (sqlite:///path or postgres://...) into a DATABASES entry."""
     url = os.environ.get(name) or default
     try:
@@ -169,7 +170,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
-    CHANNEL_LAYERS = {
+    CHANNEL_LAYERS: dict[str, dict[str, Any]] = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # redis-py 8 reads with a 5 s socket timeout by default, the same 5 s that

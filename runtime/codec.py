@@ -42,7 +42,8 @@ def dump(value: Any) -> Any:
     """Encode a domain value (dataclass, tuple of them, or None) as JSON-ready data."""
     if value is None:
         return None
-    return _adapter(type(value)).dump_python(value, mode="json")
+    cls: type = type(value)  # plain `type`: mypy reads type[Any] as unhashable (a cache key)
+    return _adapter(cls).dump_python(value, mode="json")
 
 
 def load(cls: Any, data: Any) -> Any:

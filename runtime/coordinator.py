@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache, partial
@@ -284,21 +285,7 @@ def _plan(
             actor=draft.actor,
             created_at=now,
         ),
-        messages=[
-            MessageRecord(
-                thread_id=draft.thread_id,
-                run_id=draft.run_id,
-                seq=seq,
-                idx=i,
-                role=m.role,
-                content=m.content,
-                tool_calls=list(m.tool_calls),
-                tool_call_id=m.tool_call_id,
-                name=m.name,
-                meta=m.meta,
-            )
-            for i, m in enumerate(draft.messages)
-        ],
+        messages=_message_records(draft, seq),
         reconciliations=[
             ReconciliationRecord(
                 thread_id=draft.thread_id,
@@ -316,6 +303,27 @@ def _plan(
     if draft.run_id is not None and run is not None:
         _plan_run(writes, draft, before, run, now)
     return writes
+
+
+def _message_records(draft: CommitDraft, seq: int) -> list[MessageRecord]:
+    if not draft.messages:
+        return []
+    assert draft.run_id is not None  # apply_commit refuses a thread note with messages
+    return [
+        MessageRecord(
+            thread_id=draft.thread_id,
+            run_id=draft.run_id,
+            seq=seq,
+            idx=i,
+            role=m.role,
+            content=m.content,
+            tool_calls=list(m.tool_calls),
+            tool_call_id=m.tool_call_id,
+            name=m.name,
+            meta=m.meta,
+        )
+        for i, m in enumerate(draft.messages)
+    ]
 
 
 def _plan_run(
@@ -513,13 +521,15 @@ def _update_each(
     cursor: Any, model: type[models.Model], values: dict[str, Any], where: str, params: list
 ) -> int:
     fields = _fields_by_name(model)
-    sets = ", ".join(f"{connection.ops.quote_name(fields[n].column)} = %s" for n in values)
+    sets = ", ".join(f"{connection.ops.quote_name(_column(fields[n]))} = %s" for n in values)
     prepared = [fields[n].get_db_prep_save(v, connection) for n, v in values.items()]
     cursor.execute(f"UPDATE {_table(model)} SET {sets} WHERE {where}", prepared + params)
     return cursor.rowcount
 
 
-def _insert_each(cursor: Any, objs: list[models.Model], *, upsert: tuple[str, ...] = ()) -> None:
+def _insert_each(
+    cursor: Any, objs: Sequence[models.Model], *, upsert: tuple[str, ...] = ()
+) -> None:
     """Insert unsaved instances, each model's rows in one ``executemany``; ``upsert`` names the
     columns an existing row (same id) takes from the new one."""
     by_model: dict[type[models.Model], list[models.Model]] = {}
@@ -657,6 +667,11 @@ def _close_ticket_sql() -> str:
     )
 
 
+def _column(field: models.Field[Any, Any]) -> str:
+    assert field.column is not None  # a concrete field has a column
+    return field.column
+
+
 @cache
 def _table(model: type[models.Model]) -> str:
     return connection.ops.quote_name(model._meta.db_table)
@@ -676,7 +691,7 @@ def _fields(model: type[models.Model]) -> tuple[models.Field, ...]:
 
 @cache
 def _columns(model: type[models.Model]) -> tuple[str, ...]:
-    return tuple(f.column for f in _fields(model))
+    return tuple(_column(f) for f in _fields(model))
 
 
 @cache
@@ -708,10 +723,10 @@ def _upsert_sql(model: type[models.Model], update: tuple[str, ...]) -> str:
     return f"ON CONFLICT (id) DO UPDATE SET {sets}"
 
 
-def _rows(objs: list[models.Model]) -> list[dict[str, Any]]:
+def _rows(objs: Sequence[models.Model]) -> list[dict[str, Any]]:
     """Column values of unsaved instances, as JSON the table's row type reads back."""
     return [
-        {f.column: _json_value(f.get_prep_value(getattr(obj, f.attname))) for f in fields}
+        {_column(f): _json_value(f.get_prep_value(getattr(obj, f.attname))) for f in fields}
         for obj in objs
         for fields in (_fields(type(obj)),)
     ]
@@ -720,7 +735,7 @@ def _rows(objs: list[models.Model]) -> list[dict[str, Any]]:
 def _column_values(model: type[models.Model], values: dict[str, Any]) -> dict[str, Any]:
     fields = _fields_by_name(model)
     return {
-        fields[name].column: _json_value(fields[name].get_prep_value(value))
+        _column(fields[name]): _json_value(fields[name].get_prep_value(value))
         for name, value in values.items()
         if name != "id"
     }

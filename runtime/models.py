@@ -10,6 +10,7 @@ thread truth.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.db import models
 from django.db.models import Q
@@ -74,6 +75,10 @@ class Run(models.Model):
     parent_call_id = models.CharField(max_length=32, null=True, blank=True)
     depth = models.PositiveIntegerField(default=0)
     plugin_state = models.JSONField(default=dict, blank=True)  # committed, by plugin key
+    # Not columns: the console's runs list sets these on the rows it shows (_row_context).
+    input_line: str
+    waits_for: str
+    needs_reconciliation: bool
 
     objects = RunQuerySet.as_manager()
 
@@ -198,6 +203,9 @@ class Ticket(models.Model):
     closed_by = models.CharField(max_length=200, blank=True, default="")
     decision = models.CharField(max_length=16, blank=True, default="")
     due_at = models.DateTimeField(null=True, blank=True)  # timer tickets: when it fires (UTC)
+    # Not columns: the console sets these on the closed tickets it shows (attach_notes).
+    note: str
+    edited_arguments: Any
 
     class Meta:
         indexes = [
@@ -220,6 +228,8 @@ class ReconciliationRecord(models.Model):
     evidence = models.TextField(blank=True, default="")
     actor = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+    # Not a column: the console sets it on the records it shows (mark_corrections).
+    corrects: ReconciliationRecord | None
 
 
 class LateEvidence(models.Model):

@@ -123,7 +123,7 @@ def start_run(
         run_id=run_id, agent=agent, metadata=metadata, depth=child.depth if child else 0, **parent
     )
     draft = CommitDraft(
-        thread_id=new_id() if new_thread else thread_id,
+        thread_id=new_id() if thread_id is None else thread_id,
         run_id=run_id,
         expected_version=0,
         disposition=Disposition.running(),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -29,6 +29,13 @@ class InvalidStagedState(InvalidCommit):
     ``state_key`` and ``state_model``, or not valid for its model."""
 
     code = "invalid_staged_state"
+
+
+class StatefulPlugin[M: BaseModel](Protocol):
+    """A plugin with staged state: its key in ``RunView.plugin_state`` and its model."""
+
+    state_key: str
+    state_model: type[M]
 
 
 class Stage:
@@ -67,7 +74,7 @@ def in_hook(name: str) -> Iterator[None]:
         _hook.reset(token)
 
 
-def _declared(plugin: Any) -> tuple[str, type[BaseModel]]:
+def _declared[M: BaseModel](plugin: StatefulPlugin[M]) -> tuple[str, type[M]]:
     key, model = getattr(plugin, "state_key", None), getattr(plugin, "state_model", None)
     if not isinstance(key, str) or not key or not isinstance(model, type):
         raise InvalidStagedState(f"{type(plugin).__name__} declares no state_key and state_model")
@@ -98,7 +105,7 @@ def pending(plugin: Any) -> dict[str, Any] | None:
     return current.values.get(key) if current is not None else None
 
 
-def committed(plugin: Any, run: RunView) -> BaseModel | None:
+def committed[M: BaseModel](plugin: StatefulPlugin[M], run: RunView) -> M | None:
     """The plugin's committed state in ``run`` as its model, or None when none is committed."""
     key, model = _declared(plugin)
     value = run.plugin_state.get(key)

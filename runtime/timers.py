@@ -4,10 +4,10 @@ A tool waits with ``ctx.wait_until(when)`` / ``ctx.wait_for(seconds)``: its call
 Executing -> Awaiting on a ``timer`` ticket holding ``due_at`` (ISO 8601, UTC), and the run
 holds no worker. Workers fire the due timers with the matching ResumeCommand (actor
 ``timer``): a worker whenever it finds nothing to claim, and a busy one at most once a second
-(``runtime.worker.TIMER_CHECK_SECONDS``). Several workers may race for one: on PostgreSQL each claims
-the ticket row with SKIP LOCKED, and on any database the commit's expected-version check and
-the consumed ticket refuse a second fire, so a timer fires exactly once, also across restarts
-(a due timer of a stopped deployment fires when a worker returns).
+(``runtime.worker.TIMER_CHECK_SECONDS``). Several workers may race for one: on PostgreSQL
+each claims the ticket row with SKIP LOCKED, and on any database the commit's expected-version
+check and the consumed ticket refuse a second fire, so a timer fires exactly once, also across
+restarts (a due timer of a stopped deployment fires when a worker returns).
 """
 
 from __future__ import annotations

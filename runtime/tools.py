@@ -234,7 +234,8 @@ def tool(
 
     def decorate(fn: Callable[..., Any]) -> Tool:
         params = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
-        fields = {
+        # Any: mypy checks a spread dict's values against every keyword (__config__, __base__)
+        fields: dict[str, Any] = {
             p.name: (p.annotation, ... if p.default is inspect.Parameter.empty else p.default)
             for p in params
         }

@@ -165,8 +165,10 @@ def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
+# referencing's stub declares its attrs classes with a decorator mypy does not read as a
+# dataclass transform, so their keyword arguments look unknown (the two ignores below).
 def _no_retrieval(uri: str) -> Any:
-    raise NoSuchResource(ref=uri)
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
 
 
 _Validator = validators.extend(Draft202012Validator, {"pattern": _pattern})

@@ -130,10 +130,12 @@ def server_counters() -> Iterator[Callable[[], dict[str, int]]]:
         def read() -> dict[str, int]:
             time.sleep(settle)
             db.execute("SELECT pg_stat_clear_snapshot()")
-            sessions, transactions = db.execute(
+            row = db.execute(
                 "SELECT sessions, xact_commit + xact_rollback FROM pg_stat_database"
                 " WHERE datname = current_database()"
             ).fetchone()
+            assert row is not None  # every database has its row
+            sessions, transactions = row
             return {"sessions": int(sessions), "transactions": int(transactions)}
 
         start = read()

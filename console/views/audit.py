@@ -87,19 +87,22 @@ def _answers(data: dict[str, Any]) -> list[Entry]:
     page = attach_notes(
         list(_window(rows, "closed_at", data).defer("run__snapshot").order_by("-closed_at")[:PAGE])
     )
-    return [
-        Entry(
-            t.closed_at,
-            t.closed_by,
-            t.decision,
-            t.run_id,
-            t.run.agent,
-            f"#{t.call.index} {t.call.name} ({t.kind} ticket)",
-            t.note,
-            t.closed_seq,
+    entries = []
+    for t in page:
+        assert t.closed_at is not None  # a consumed ticket was closed
+        entries.append(
+            Entry(
+                t.closed_at,
+                t.closed_by,
+                t.decision,
+                t.run_id,
+                t.run.agent,
+                f"#{t.call.index} {t.call.name} ({t.kind} ticket)",
+                t.note,
+                t.closed_seq,
+            )
         )
-        for t in page
-    ]
+    return entries
 
 
 def _reconciliations(data: dict[str, Any]) -> list[Entry]:

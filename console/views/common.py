@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from functools import wraps
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -24,9 +24,18 @@ from django_htmx.middleware import HtmxDetails
 from console.models import OPERATE, READ, RESUME
 from runtime.untrusted import is_id
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 
 class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
+
+
+class AuthenticatedHtmxRequest(HtmxHttpRequest):
+    """The request of a view behind ``login_required``: its user is signed in."""
+
+    user: User
 
 
 View = Callable[..., HttpResponse]

@@ -237,9 +237,9 @@ def _respond(
         )
     if status < 300:
         messages.success(request, card.notice)
-        return redirect(
-            next_url or "console:ticket", **({} if next_url else {"ticket_id": card.ticket.id})
-        )
+        if next_url:
+            return redirect(next_url)
+        return redirect("console:ticket", ticket_id=card.ticket.id)
     return render_page(request, "console/ticket.html", {"card": card}, status=status)
 
 

@@ -10,17 +10,19 @@ from django.views.decorators.http import require_POST
 
 from console.forms import TokenForm
 from console.models import ApiToken
-from console.views.common import HtmxHttpRequest, render_page
+from console.views.common import AuthenticatedHtmxRequest, render_page
 
 
-def _page(request: HtmxHttpRequest, form: TokenForm, new_token: str | None, status: int = 200):
+def _page(
+    request: AuthenticatedHtmxRequest, form: TokenForm, new_token: str | None, status: int = 200
+):
     tokens = ApiToken.objects.filter(user=request.user).order_by("revoked_at", "-created_at")
     context = {"form": form, "tokens": tokens, "new_token": new_token}
     return render_page(request, "console/tokens.html", context, status=status)
 
 
 @login_required
-def tokens(request: HtmxHttpRequest) -> HttpResponse:
+def tokens(request: AuthenticatedHtmxRequest) -> HttpResponse:
     """List the signed-in user's tokens; POST creates one and shows it once."""
     if request.method == "POST":
         form = TokenForm(request.POST)
@@ -36,7 +38,7 @@ def tokens(request: HtmxHttpRequest) -> HttpResponse:
 
 @require_POST
 @login_required
-def revoke_token(request: HtmxHttpRequest, token_id: int) -> HttpResponse:
+def revoke_token(request: AuthenticatedHtmxRequest, token_id: int) -> HttpResponse:
     """Revoke one of the signed-in user's own tokens."""
     token = ApiToken.objects.filter(id=token_id, user=request.user).first()
     if token is None:

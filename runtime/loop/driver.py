@@ -290,7 +290,8 @@ class RunDriver:
         late evidence (its call was sealed or superseded meanwhile)."""
         staged, self.staged = self.staged, []
         run = self.reload()
-        keep, late = [], []
+        keep: list[Staged] = []
+        late: list[Staged] = []
         for item in staged:
             call = run.find_call(item.event.call_id)
             current = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from runtime import conf, live, metrics
@@ -159,7 +160,7 @@ def _context(d: RunDriver, step: int, attempt: int) -> InferenceContext:
     )
 
 
-def _checkpoint(d: RunDriver, step: int) -> dict[str, Any] | None:
+def _checkpoint(d: RunDriver, step: int) -> Mapping[str, Any] | None:
     return (
         StreamCheckpoint.objects.filter(run_id=d.run_id, step=step)
         .values("text", "tool_calls")

@@ -172,7 +172,7 @@ def page(browser, request, monkeypatch) -> Iterator[Any]:
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.js_errors = errors  # type: ignore[attr-defined]
+    page.js_errors = errors
     yield page
     RESULTS.mkdir(parents=True, exist_ok=True)
     try:

@@ -235,6 +235,7 @@ def seed_at_scale() -> dict[str, str]:
             text=f"Batch {step + 1} of 25.",
         )
         for call in calls:
+            assert call.arguments is not None
             long.execute(call, worker="host-a:4121")
             long.complete(call, json.dumps({"recorded": call.arguments["key"]}))
         long.finalize()

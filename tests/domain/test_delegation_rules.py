@@ -56,7 +56,9 @@ def _batch(ids: Ids, *permissions: Permission) -> tuple[Log, str]:
 
 
 def _child_started(log: Log, run: RunView, index: int, ids: Ids) -> tuple[CommitDraft, str]:
-    call = run.open_batch.calls[index]
+    batch = run.open_batch
+    assert batch is not None
+    call = batch.calls[index]
     child = ids("child")
     ticket = ResumeTicket(
         id=ids("tk"),
@@ -80,6 +82,7 @@ def _child_started(log: Log, run: RunView, index: int, ids: Ids) -> tuple[Commit
 
 def _deliver(log: Log, run: RunView, ticket_id: str, decision=Decision.INPUT) -> CommitDraft:
     ticket = run.wait(ticket_id)
+    assert ticket is not None
     event = CallResumed(
         call_id=ticket.call_id,
         ticket_id=ticket_id,

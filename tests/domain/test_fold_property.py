@@ -73,6 +73,7 @@ def assert_fold_matches_model(folded: FoldedThread, scenario: Scenario) -> None:
         if seq != last_seq and current:
             published.append(tuple(current))
             current = []
+        assert message.tool_call_id is not None  # a tool message answers one call
         current.append(message.tool_call_id)
         last_seq = seq
     if current:

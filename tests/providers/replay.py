@@ -215,6 +215,7 @@ class ReplayServer:
     @property
     def origin(self) -> str:
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET address: (host, port)
         return f"http://{host}:{port}"
 
     def queue(self, *replies: Reply) -> ReplayServer:

@@ -21,7 +21,7 @@ def events(*items: dict[str, Any], **reply: Any) -> Reply:
 
 
 def start(input_tokens: int = 5) -> dict[str, Any]:
-    message = {
+    message: dict[str, Any] = {
         "id": "msg_1",
         "type": "message",
         "role": "assistant",

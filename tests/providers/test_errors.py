@@ -38,7 +38,8 @@ def test_retry_after(headers, expected) -> None:
 
 def test_retry_after_as_an_http_date() -> None:
     when = email.utils.formatdate(time.time() + 30, usegmt=True)
-    assert 25 <= errors.retry_after({"retry-after": when}) <= 31
+    delay = errors.retry_after({"retry-after": when})
+    assert delay is not None and 25 <= delay <= 31
 
 
 @pytest.mark.parametrize(
@@ -166,6 +167,7 @@ def closed_port() -> int:
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
 def test_connection_refused_is_retryable(kind, context) -> None:
     port = closed_port()
+    provider: OpenAIProvider | AnthropicProvider
     if kind == "openai":
         provider = OpenAIProvider(
             ProviderConfig(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ ASK = InferenceRequest(model="m", instructions="", messages=(Message(role="user"
 
 
 def text_stream(words: list[str]) -> Reply:
-    events = [
+    events: list[dict[str, Any]] = [
         {"choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]} for w in words
     ]
     events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})

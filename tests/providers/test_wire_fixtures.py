@@ -293,7 +293,7 @@ CASES: dict[str, Case] = {
     ),
 }
 
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     "whole": {"framing": "length"},
     "events": {"framing": "chunked", "split": True},
 }

@@ -43,6 +43,7 @@ def _assert_cancelled_in_one_commit(run_id: str, before: int) -> ThreadCommit:
     assert commit_count(thread_id) == before + 1
     last = ThreadCommit.objects.get(thread_id=thread_id, seq=before + 1)
     disposition = codec.load_disposition(last.disposition)
+    assert disposition is not None
     assert (disposition.state, disposition.end_cause) == (RunState.ENDED, EndCause.CANCELLED)
     run = run_row(run_id)
     # The lease stays with a live owner until it lets go; an Ended run is never claimed.

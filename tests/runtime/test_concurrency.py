@@ -167,6 +167,7 @@ def test_four_writers_retrying_on_conflict_keep_the_log_linear(make_run):
         done = 0
         while done < per_writer:
             head, view = read_head(run.thread_id), read_run(run.run_id)
+            assert view is not None
             try:
                 commit(drafts.infer_text(head, view, text=f"w{i} #{done}"))
                 done += 1

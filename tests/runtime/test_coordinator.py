@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import models, transaction
 
 from runtime import fsck
 from runtime.coordinator import Lease, commit, read_head, read_run
@@ -311,7 +311,9 @@ class Ctx:
         self.other = make_run()
         self.other_thread = self.other.thread_id
         drive(drafts.infer_tools, self.other.run_id, make_calls(1))
-        self.other_call = read_run(self.other.run_id).batches[-1].calls[0]
+        other = read_run(self.other.run_id)
+        assert other is not None
+        self.other_call = other.batches[-1].calls[0]
         self.other_version = read_head(self.other_thread).version
         run = make_run()
         allow = make_calls(2, permission=Permission.ALLOW)[0]
@@ -319,7 +321,9 @@ class Ctx:
         drive(drafts.infer_tools, run.run_id, (allow, ask))
         drive(drafts.execute, run.run_id, allow.call_id)
         drive(drafts.complete, run.run_id, allow.call_id)
-        self.run = read_run(run.run_id)
+        view = read_run(run.run_id)
+        assert view is not None
+        self.run = view
         self.head = read_head(run.thread_id)
         self.done_call, self.call = self.run.batches[-1].calls
 
@@ -420,9 +424,10 @@ def test_the_unique_sequence_is_the_safety_net_behind_the_head(make_run):
 # -- rollback after the log row, and announcements only after commit ---------------------------
 
 
-def _plant_conflict(move: str, view, seq: int) -> Callable[[], None]:
+def _plant_conflict(move: str, view, seq: int) -> Callable[[], object]:
     """Plant a row that makes the last part of the commit's write fail in the database (a
     message or ticket already there), after the head, run and log parts; return its undo."""
+    planted: models.Model
     if move == "wait":
         planted = Ticket.objects.create(
             id="tkr",

@@ -40,7 +40,7 @@ def resumes(run_id: str) -> list[tuple[str, str]]:
     ]
 
 
-def _published(run_id: str) -> list[str]:
+def _published(run_id: str) -> list[str | None]:
     rows = MessageRecord.objects.filter(run_id=run_id, role="tool").order_by("seq", "idx")
     return [m.tool_call_id for m in rows]
 

@@ -84,6 +84,7 @@ def _outcome(run_id: str, point: str) -> tuple[str, int, int]:
             call.attempt - 1
         )
     assert len(ledger(run_id)) == (1 if applied(call) else 0)  # one row per operation id
+    assert call.result is not None  # the call settled
     if call.phase == "indeterminate":
         assert call.effect_may_have_started and call.is_error
         assert call.result.startswith("Outcome unknown")

@@ -29,7 +29,9 @@ def slow_child(name: str, seconds: float) -> tuple[str, dict]:
 def interval(run_id: str) -> tuple:
     """The times of the run's first and last commits."""
     times = ThreadCommit.objects.filter(run_id=run_id).order_by("seq")
-    return times.first().created_at, times.last().created_at
+    first, last = times.first(), times.last()
+    assert first is not None and last is not None
+    return first.created_at, last.created_at
 
 
 def executing_children(run_id: str) -> list[str]:

@@ -70,7 +70,9 @@ def busy_thread(make_run, make_calls, drive):
         drive(drafts.infer_text, rid, text="paid", end=True)
         second = make_run(first.thread_id, text="and the next one")
         drive(drafts.infer_tools, second.run_id, make_calls(1, permission=Permission.ASK))
-        waiting = read_run(second.run_id).batches[-1].calls[0]
+        second_view = read_run(second.run_id)
+        assert second_view is not None
+        waiting = second_view.batches[-1].calls[0]
         opened = "tko" + second.run_id[:20]
         drive(drafts.wait, second.run_id, waiting.call_id, opened, kind=TicketKind.INPUT)
         return Busy(

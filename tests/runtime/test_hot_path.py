@@ -73,6 +73,7 @@ def counting() -> Iterator[Counted]:
 
 def _held(run_id: str):
     view = read_run(run_id)
+    assert view is not None
     return read_head(view.thread_id), view
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ from tests.runtime.mcp.support import MCP_AGENTS, Effects, register_effects
 
 
 @pytest.fixture
-def effects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Any) -> Effects:
+def effects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[Effects]:
     """A fresh effects file, named in MCP_EFFECTS_DB for this process and its children, with
     the MCP test agents registered (the registry is rebuilt for this test's environment)."""
     yield register_effects(tmp_path, monkeypatch, settings)
