@@ -121,8 +121,8 @@ class KindMismatch(RuntimeFault):
 
 
 class TicketNotAnswerable(RuntimeFault):
-    """People do not answer this ticket: the runtime answers it (a delegation ticket by its
-    child run's end); cancel the child run instead."""
+    """People do not answer this ticket that way: the runtime answers it (a delegation
+    ticket by its child run's end, a timer by firing); cancel the run instead."""
 
     code = "ticket_not_answerable"
     status = 409

@@ -248,7 +248,7 @@ def resume(
 
     Raises RunEnded, NotAwaiting, TicketConsumed, TicketMismatch, KindMismatch (the
     committed ticket decides, seed: "call at Awaiting"), TicketNotAnswerable for an answer to
-    a delegation ticket (its child's end answers it),
+    a delegation ticket (its child's end answers it) or a timer's deny (a timer only fires),
     InvalidInput when an input answer fails the ticket's JSON schema, IdempotencyKeyReused.
     Nothing is written on refusal.
     """

@@ -200,7 +200,8 @@ def resume_run(
     the ticket's schema, 422 ``idempotency_key_reused`` when the key was used with another body.
 
     A delegation ticket is answered only by its child run's end (409
-    ``ticket_not_answerable``, ``detail.child_run_id`` names the child to cancel instead)."""
+    ``ticket_not_answerable``, ``detail.child_run_id`` names the child to cancel instead); a
+    timer ticket only fires: ``decision: approve`` fires it now, anything else is refused."""
     try:
         document = operations.resume(
             run_id, _command(payload), actor=actor(request), idempotency_key=idempotency_key

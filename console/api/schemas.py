@@ -116,8 +116,9 @@ class ResumeIn(Schema):
 
     ``input`` (or ``result`` without a decision) answers an input ticket (it must match the
     ticket's schema); ``result`` with ``decision: respond`` completes an approval ticket with
-    that supplied result and the tool never runs. A delegation ticket takes nothing from a
-    person (its child run's end answers it; cancel the child to stop it): 409
+    that supplied result and the tool never runs. A timer ticket takes ``decision: approve``
+    only (fire it now); a delegation ticket takes nothing from a person (its child run's end
+    answers it; cancel the child to stop it): both refuse the rest with 409
     ``ticket_not_answerable``. ``arguments`` (approve only) replaces the model's arguments with
     an operator's edit; the model's stay on record. ``note`` is recorded as the reason.
     """

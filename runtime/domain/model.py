@@ -76,6 +76,7 @@ class Decision(StrEnum):
 
 # Which decisions the log accepts for which ticket kind. A child's end answers its delegation
 # ticket (INPUT carries a natural end's answer, DENY any other end); a timer fires (APPROVE).
+# A timer's DENY stays readable for logs written while people could send it.
 DECISIONS_FOR_KIND: dict[TicketKind, frozenset[Decision]] = {
     TicketKind.APPROVAL: frozenset({Decision.APPROVE, Decision.DENY, Decision.RESPOND}),
     TicketKind.INPUT: frozenset({Decision.INPUT, Decision.DENY}),
@@ -85,12 +86,13 @@ DECISIONS_FOR_KIND: dict[TicketKind, frozenset[Decision]] = {
 
 # Which decisions a person may send (console, API, CLI). A delegation ticket is answered only
 # by its child run's end (seed: "accept only a command matching the committed ticket and wait
-# kind"): to stop the wait, cancel the child.
+# kind"): to stop the wait, cancel the child. A timer's wait kind is a time: a person may fire
+# it now (APPROVE, "Fire now"), never complete it otherwise; to stop it, cancel the run.
 OPERATOR_DECISIONS: dict[TicketKind, frozenset[Decision]] = {
     TicketKind.APPROVAL: DECISIONS_FOR_KIND[TicketKind.APPROVAL],
     TicketKind.INPUT: DECISIONS_FOR_KIND[TicketKind.INPUT],
     TicketKind.DELEGATION: frozenset(),
-    TicketKind.TIMER: DECISIONS_FOR_KIND[TicketKind.TIMER],
+    TicketKind.TIMER: frozenset({Decision.APPROVE}),
 }
 
 

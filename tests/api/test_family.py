@@ -1,7 +1,7 @@
 """Child runs and timers on the API: the run document's ``parent``, ``children``, open
 ``tickets`` and a timer's ``due_at``; ``GET /runs?parent=``; firing a timer through resume;
-what a person may not answer (a delegation ticket: 409 ``ticket_not_answerable``, nothing
-written)."""
+what a person may not answer (a delegation ticket, a timer's deny: 409
+``ticket_not_answerable``, nothing written)."""
 
 from __future__ import annotations
 
@@ -126,6 +126,34 @@ def test_a_delegation_ticket_is_answered_only_by_its_child(api, start, answer, w
     assert call["phase"] == "completed" and call["is_error"]
     assert child["id"] in call["result"] and "cancelled" in call["result"]
     assert Ticket.objects.get(id=delegation["id"]).state == "consumed"
+
+
+def test_a_timer_is_fired_not_denied(api, start):
+    """A person may fire a timer now or cancel its run; a deny is 409
+    ``ticket_not_answerable`` (the timer fires by itself), a result 409 ``kind_mismatch``,
+    and neither writes anything."""
+    run = start({"tool_calls": [{"name": "wait", "arguments": {"seconds": 3600}}]}, {"text": "ok"})
+    drive()
+    ticket = api.get(f"/runs/{run['id']}").json()["ticket"]
+    seen = _commits()
+    denied = api.post(
+        f"/runs/{run['id']}/resume",
+        {"ticket_id": ticket["id"], "kind": "timer", "decision": "deny", "note": "no"},
+    )
+    assert denied.status_code == 409, denied.content
+    error = error_of(denied)
+    assert error["code"] == "ticket_not_answerable"
+    assert (error["detail"]["allowed"], error["detail"]["due_at"]) == (
+        ["approve"],
+        ticket["due_at"],
+    )
+    assert ticket["due_at"] in error["message"] and "cancel the run" in error["message"]
+    supplied = api.post(
+        f"/runs/{run['id']}/resume", {"ticket_id": ticket["id"], "kind": "timer", "result": "x"}
+    )
+    assert supplied.status_code == 409 and error_of(supplied)["code"] == "kind_mismatch"
+    assert _commits() == seen
+    assert Ticket.objects.get(id=ticket["id"]).state == "open"
 
 
 def test_timer_due_at_and_fire_now(api, start):

@@ -1,6 +1,6 @@
 """The run page links a child to its parent and lists a parent's children; a timer's card
-shows when it fires (absolute with zone, and relative) and fires it now; a delegation ticket
-offers no answer (its child's end answers it)."""
+shows when it fires (absolute with zone, and relative) and fires it now, never denies it; a
+delegation ticket offers no answer (its child's end answers it)."""
 
 from __future__ import annotations
 
@@ -77,6 +77,11 @@ def test_timer_card_shows_its_fire_time_and_fires_now(operator):
     assert ticket.due_at.strftime("%Y-%m-%d %H:%M:%S UTC") in page
     assert "in 1\xa0hour, 59\xa0minutes" in page or "in 2\xa0hours" in page
     assert "Fire now" in page
+    assert 'value="deny"' not in page  # a timer fires; it is not denied
+    refused = operator.post(reverse("console:answer", args=[ticket.id]), {"decision": "deny"})
+    assert refused.status_code == 409 and "may only fire it now" in refused.content.decode()
+    ticket.refresh_from_db()
+    assert ticket.state == "open"
     response = operator.post(reverse("console:answer", args=[ticket.id]), {"decision": "approve"})
     assert response.status_code in (200, 302)
     ticket.refresh_from_db()

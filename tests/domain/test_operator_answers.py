@@ -2,8 +2,8 @@
 
 The table is written out here from the seed ("call at Awaiting: accept only a command matching
 the committed ticket and wait kind") and DESIGN.md's tickets, not imported: a delegation
-ticket is answered only by its child run's end; approvals, inputs and timers are what people
-answer.
+ticket is answered only by its child run's end, a timer only fires (an operator may fire it
+now), approvals and inputs are what people answer.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ PEOPLE_MAY_SEND = {
     TicketKind.APPROVAL: {A, D, RE},
     TicketKind.INPUT: {IN, D},
     TicketKind.DELEGATION: set(),
-    TicketKind.TIMER: {A, D},
+    TicketKind.TIMER: {A},
 }
-# What the runtime sends and a person may not: a child's end.
-RUNTIME_ONLY = {TicketKind.DELEGATION: {A, D, IN, RE}}
+# What the runtime sends and a person may not: a child's end, and a timer's deny (which only
+# older logs hold).
+RUNTIME_ONLY = {TicketKind.DELEGATION: {A, D, IN, RE}, TicketKind.TIMER: {D}}
 
 
 def expected(kind: TicketKind, decision: Decision) -> str:
@@ -67,3 +68,10 @@ def test_the_refusals_say_what_to_do_instead():
         "child_run_id": "c" * 32,
     }
     assert (refused.value.code, refused.value.status) == ("ticket_not_answerable", 409)
+    due = "2026-01-01T00:00:00+00:00"
+    with pytest.raises(TicketNotAnswerable) as refused:
+        check_operator_decision(TicketKind.TIMER, D, {"due_at": due})
+    assert f"fires by itself at {due}" in refused.value.message
+    assert "fire it now (approve)" in refused.value.message
+    assert "cancel the run" in refused.value.message
+    assert refused.value.detail["allowed"] == ["approve"]
