@@ -120,6 +120,14 @@ class KindMismatch(RuntimeFault):
     status = 409
 
 
+class TicketNotAnswerable(RuntimeFault):
+    """People do not answer this ticket that way: the runtime answers it (a delegation
+    ticket by its child run's end, a timer by firing); cancel the run instead."""
+
+    code = "ticket_not_answerable"
+    status = 409
+
+
 class TicketConsumed(RuntimeFault):
     """The ticket has already been answered; a consumed ticket is never delivered again."""
 

@@ -21,7 +21,12 @@ from runtime import conf, tracing
 from runtime.agents import get_agent
 from runtime.coordinator import commit, read_frontier, read_head, read_run
 from runtime.documents import run_document
-from runtime.domain.commit import CommitDraft, check_resume, end_cause_reason, ending
+from runtime.domain.commit import (
+    CommitDraft,
+    check_operator_resume,
+    end_cause_reason,
+    ending,
+)
 from runtime.domain.delegation import ChildLink
 from runtime.domain.events import CallResumed, ReconciliationRecorded, RunActivated
 from runtime.domain.model import (
@@ -242,8 +247,10 @@ def resume(
     """Answer the run's open ticket; return the run document after the commit.
 
     Raises RunEnded, NotAwaiting, TicketConsumed, TicketMismatch, KindMismatch (the
-    committed ticket decides, seed: "call at Awaiting"), InvalidInput when an input answer
-    fails the ticket's JSON schema, IdempotencyKeyReused. Nothing is written on refusal.
+    committed ticket decides, seed: "call at Awaiting"), TicketNotAnswerable for an answer to
+    a delegation ticket (its child's end answers it) or a timer's deny (a timer only fires),
+    InvalidInput when an input answer fails the ticket's JSON schema, IdempotencyKeyReused.
+    Nothing is written on refusal.
     """
     _require_id(run_id, "run")
     _storable([command.input, command.reason, command.ticket_id], "the command")
@@ -257,7 +264,7 @@ def resume(
     }
 
     def build(run: RunView) -> CommitDraft:
-        check_resume(run, command)
+        check_operator_resume(run, command)
         assert run.ticket is not None
         if command.arguments is not None:
             _check_edited_arguments(run, run.ticket.call_id, command.arguments)

@@ -195,9 +195,13 @@ def resume_run(
 ) -> dict[str, Any]:
     """Approve, deny, give input or supply a result for the open ticket; 200 the new committed
     state. 409 (``ticket_mismatch``, ``kind_mismatch``, ``ticket_consumed``, ``run_ended``,
-    ``not_awaiting``, ``version_conflict``) writes nothing and carries the committed run under
-    ``detail.run``; 422 ``invalid_input`` when the input fails the ticket's schema, 422
-    ``idempotency_key_reused`` when the key was used with another body."""
+    ``not_awaiting``, ``ticket_not_answerable``, ``version_conflict``) writes nothing and
+    carries the committed run under ``detail.run``; 422 ``invalid_input`` when the input fails
+    the ticket's schema, 422 ``idempotency_key_reused`` when the key was used with another body.
+
+    A delegation ticket is answered only by its child run's end (409
+    ``ticket_not_answerable``, ``detail.child_run_id`` names the child to cancel instead); a
+    timer ticket only fires: ``decision: approve`` fires it now, anything else is refused."""
     try:
         document = operations.resume(
             run_id, _command(payload), actor=actor(request), idempotency_key=idempotency_key

@@ -114,11 +114,13 @@ class ResumeIn(Schema):
     """Answer the open ticket: ``decision`` (approve / deny / respond), or ``input``, or
     ``result``.
 
-    ``input`` answers an input ticket (it must match the ticket's schema); ``result``
-    completes a delegation or timer ticket, or, with ``decision: respond``, an approval
-    ticket: the call completes with that supplied result and the tool never runs.
-    ``arguments`` (approve only) replaces the model's arguments with an operator's edit; the
-    model's stay on record. ``note`` is recorded as the reason.
+    ``input`` (or ``result`` without a decision) answers an input ticket (it must match the
+    ticket's schema); ``result`` with ``decision: respond`` completes an approval ticket with
+    that supplied result and the tool never runs. A timer ticket takes ``decision: approve``
+    only (fire it now); a delegation ticket takes nothing from a person (its child run's end
+    answers it; cancel the child to stop it): both refuse the rest with 409
+    ``ticket_not_answerable``. ``arguments`` (approve only) replaces the model's arguments with
+    an operator's edit; the model's stay on record. ``note`` is recorded as the reason.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -26,8 +26,10 @@ from console.models import READ, RESUME
 from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, render_page
 from runtime import operations
 from runtime.agents import registry
-from runtime.domain.model import DECISIONS_FOR_KIND, Decision, ResumeCommand, TicketKind
+from runtime.domain.commit import check_operator_decision
+from runtime.domain.model import OPERATOR_DECISIONS, Decision, ResumeCommand, TicketKind
 from runtime.errors import (
+    KindMismatch,
     NotAwaiting,
     RunEnded,
     RuntimeFault,
@@ -57,10 +59,10 @@ class TicketCard:
 
     @property
     def decisions(self) -> list[str]:
-        kind = TicketKind(self.ticket.kind)
-        if kind is TicketKind.DELEGATION:  # answered by its child run's end, not by people
-            return []
-        return [d.value for d in Decision if d in DECISIONS_FOR_KIND[kind]]
+        """The answers a person may give (none for a delegation ticket; "Fire now" only for
+        a timer): the card offers a form for these only."""
+        allowed = OPERATOR_DECISIONS[TicketKind(self.ticket.kind)]
+        return [d.value for d in Decision if d in allowed]
 
     @property
     def question(self) -> Any:
@@ -271,13 +273,14 @@ def answer(request: HtmxHttpRequest, ticket: Ticket, post: Any) -> tuple[TicketC
     if ticket.state != "open":
         card.notice = closed_notice(ticket)
         return card, 409
-    if raw not in card.decisions:
-        card.error = (
-            f"This {ticket.kind} ticket is answered with: {', '.join(card.decisions)}."
-            if card.decisions
-            else "This delegation ticket is answered by its child run's end."
-        )
+    try:
+        check_operator_decision(TicketKind(ticket.kind), raw, ticket.request)
+    except KindMismatch:
+        card.error = f"This {ticket.kind} ticket is answered with: {', '.join(card.decisions)}."
         return card, 400
+    except RuntimeFault as exc:  # TicketNotAnswerable: the runtime answers it; it says how
+        card.error = exc.message
+        return card, exc.status
     decision = Decision(raw)
     answer_value: Any = None
     edited: dict[str, Any] | None = None

@@ -29,6 +29,8 @@ from runtime.domain.events import (
 )
 from runtime.domain.model import (
     DECISIONS_FOR_KIND,
+    JSON,
+    OPERATOR_DECISIONS,
     CallPhase,
     Decision,
     Disposition,
@@ -55,6 +57,7 @@ from runtime.errors import (
     RunEnded,
     TicketConsumed,
     TicketMismatch,
+    TicketNotAnswerable,
     VersionConflict,
 )
 
@@ -305,6 +308,63 @@ def check_resume(run: RunView, command: ResumeCommand) -> None:
         raise InvalidCommit("edited arguments are a JSON object and ride only with an approval")
     if command.decision is Decision.RESPOND and command.input is None:
         raise InvalidCommit("a respond answer carries the supplied result")
+
+
+def check_operator_decision(
+    kind: TicketKind, decision: Decision | str, request: JSON = None
+) -> None:
+    """Refuse a decision a person may not send on a ticket of ``kind`` (OPERATOR_DECISIONS).
+
+    The one rule for the console, the API and the CLI. ``decision`` may be any text a form
+    sent; ``request`` is the ticket's request (the refusal names its child, or its due time).
+    Raises TicketNotAnswerable when the runtime answers that ticket itself (anything sent to
+    a delegation ticket, a timer's deny), KindMismatch when the decision does not answer that
+    kind at all.
+    """
+    allowed = OPERATOR_DECISIONS[kind]
+    if decision in allowed:
+        return
+    if allowed and decision not in DECISIONS_FOR_KIND[kind]:
+        raise KindMismatch(ticket_kind=kind.value, given_kind=kind.value, decision=str(decision))
+    request = request if isinstance(request, dict) else {}
+    detail = {
+        "ticket_kind": kind.value,
+        "decision": str(decision),
+        "allowed": sorted(d.value for d in allowed),
+    }
+    if kind is TicketKind.DELEGATION:
+        child = request.get("child_run_id", "")
+        raise TicketNotAnswerable(
+            "A delegation ticket is answered by its child run's end, never by a person; "
+            f"child run {child} is still working. To stop it, cancel the child run {child}: "
+            "its end answers this ticket with an error and the parent run goes on. Cancelling "
+            "the parent run cancels its children too.",
+            child_run_id=child,
+            **detail,
+        )
+    due = request.get("due_at") or "its due time"
+    raise TicketNotAnswerable(
+        f"A timer ticket is not answered with {decision}: it fires by itself at {due}, and a "
+        "person may only fire it now (approve). To stop the wait, cancel the run.",
+        due_at=request.get("due_at"),
+        **detail,
+    )
+
+
+def check_operator_resume(run: RunView, command: ResumeCommand) -> None:
+    """Refuse a ResumeCommand from a person (console, API, CLI) that does not match the
+    committed ticket, or that the ticket's kind leaves to the runtime.
+
+    Raises TicketNotAnswerable when ``command`` names an open delegation or timer ticket with a
+    decision a person may not send (whatever kind it claims), then what ``check_resume``
+    raises. A child's end is delivered by the runtime (runtime.delegation) and is not checked
+    here; a due timer fires through ``operations.resume`` with the approve a person may send.
+    """
+    open_ticket = run.ticket if run.ticket and run.ticket.id == command.ticket_id else None
+    ticket = run.wait(command.ticket_id) or open_ticket
+    if ticket is not None and ticket.kind in (TicketKind.DELEGATION, TicketKind.TIMER):
+        check_operator_decision(ticket.kind, command.decision, ticket.request)
+    check_resume(run, command)
 
 
 def _check_messages(run: RunView, draft: CommitDraft, activation: bool) -> None:

@@ -74,13 +74,25 @@ class Decision(StrEnum):
     RESPOND = "respond"
 
 
-# Which decisions answer which ticket kind. Delegation and timer tickets are completed by the
-# runtime itself with a result (INPUT carries it).
+# Which decisions the log accepts for which ticket kind. A child's end answers its delegation
+# ticket (INPUT carries a natural end's answer, DENY any other end); a timer fires (APPROVE).
+# A timer's DENY stays readable for logs written while people could send it.
 DECISIONS_FOR_KIND: dict[TicketKind, frozenset[Decision]] = {
     TicketKind.APPROVAL: frozenset({Decision.APPROVE, Decision.DENY, Decision.RESPOND}),
     TicketKind.INPUT: frozenset({Decision.INPUT, Decision.DENY}),
     TicketKind.DELEGATION: frozenset({Decision.INPUT, Decision.DENY}),
     TicketKind.TIMER: frozenset({Decision.APPROVE, Decision.DENY}),
+}
+
+# Which decisions a person may send (console, API, CLI). A delegation ticket is answered only
+# by its child run's end (seed: "accept only a command matching the committed ticket and wait
+# kind"): to stop the wait, cancel the child. A timer's wait kind is a time: a person may fire
+# it now (APPROVE, "Fire now"), never complete it otherwise; to stop it, cancel the run.
+OPERATOR_DECISIONS: dict[TicketKind, frozenset[Decision]] = {
+    TicketKind.APPROVAL: DECISIONS_FOR_KIND[TicketKind.APPROVAL],
+    TicketKind.INPUT: DECISIONS_FOR_KIND[TicketKind.INPUT],
+    TicketKind.DELEGATION: frozenset(),
+    TicketKind.TIMER: frozenset({Decision.APPROVE}),
 }
 
 

@@ -126,14 +126,22 @@ class Seal:
 RecoveryDecision = Retry | Lookup | Seal
 
 
-def executing_decision(call: ToolCall, *, looked_up: bool = False) -> RecoveryDecision:
+def executing_decision(
+    call: ToolCall, *, looked_up: bool = False, lookup_failed: str | None = None
+) -> RecoveryDecision:
     """Apply the pinned policy to a call whose attempt may have started and has no result.
 
-    ``looked_up`` is True once a reconnect lookup found nothing. Returns Retry while the
-    pinned attempt budget allows, Lookup for reconnect tools first, else Seal.
+    ``looked_up`` is True once a reconnect lookup found nothing; ``lookup_failed`` says why a
+    reconnect lookup could not answer (it raised: an error result, a lost or unreachable
+    server). Returns Retry while the pinned attempt budget allows, Lookup for reconnect tools
+    first, else Seal. A lookup that cannot answer seals the call: its outcome is unknown
+    (seed: "outcome cannot be classified safely"), and neither retrying the effect nor
+    failing the claim (the poison budget) would learn more.
     """
     if call.policy is RecoveryPolicy.INDETERMINATE:
         return Seal("the worker stopped after the call started; its policy never guesses")
+    if lookup_failed is not None:
+        return Seal(f"the lookup by operation id could not answer: {lookup_failed}")
     if call.policy is RecoveryPolicy.RECONNECT and not looked_up:
         return Lookup()
     if call.attempt < call.max_attempts:

@@ -169,12 +169,22 @@ def recover(d: RunDriver, agent: Agent, call: ToolCall, cause: str | None = None
         delegate(d, call, tool, tool.parse(call.arguments_text))
         return
     if isinstance(decision, rec.Lookup):
-        found = tool.lookup(context(d, call, call.attempt)) if tool and tool.lookup else None
-        if found is not None:
-            text = found if isinstance(found, str) else json.dumps(found, sort_keys=True)
-            d.stage_result(CallCompleted(call_id=call.call_id, result=text), call.attempt)
-            return
-        decision = rec.executing_decision(call, looked_up=True)
+        try:
+            found = tool.lookup(context(d, call, call.attempt)) if tool and tool.lookup else None
+        except Fenced as exc:
+            raise LeaseLost(run_id=d.run_id, worker_id=d.worker_id, reason=str(exc)) from exc
+        except Exception as exc:  # an MCP error result, a lost server, the lookup's own bug
+            # Unknown is not "never seen", and a failed claim would learn no more than this
+            # one: the call is sealed Indeterminate for a person to reconcile, and the claim
+            # goes on instead of counting against the run's poison budget.
+            log.warning("tool %s: the lookup of %s raised", call.name, call.operation_id)
+            decision = rec.executing_decision(call, lookup_failed=f"{type(exc).__name__}: {exc}")
+        else:
+            if found is not None:
+                text = found if isinstance(found, str) else json.dumps(found, sort_keys=True)
+                d.stage_result(CallCompleted(call_id=call.call_id, result=text), call.attempt)
+                return
+            decision = rec.executing_decision(call, looked_up=True)
     if isinstance(decision, rec.Retry):
         execute(d, agent, call, decision.attempt)
     else:

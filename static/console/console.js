@@ -445,6 +445,8 @@
     document.querySelectorAll("input.token").forEach(function (el) {
       el.addEventListener("focus", function () { el.select(); });
     });
+    // Only a page served to someone who may read runs goes live (see base.html).
+    if (!document.body.hasAttribute("data-live")) return;
     var panel = document.getElementById("live");
     if (panel) startRun(panel);
     else startLists();

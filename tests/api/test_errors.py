@@ -92,6 +92,7 @@ def test_the_openapi_schema_is_served_without_a_token():
                 assert content["$ref"].endswith("/ErrorOut")
     resume = schema["paths"]["/api/v1/runs/{run_id}/resume"]["post"]
     assert {"200", "404", "409", "422"} <= set(resume["responses"])
+    assert "ticket_not_answerable" in resume["description"]  # the refusals are documented
     events = schema["paths"]["/api/v1/runs/{run_id}/events"]["get"]
     assert "text/event-stream" in events["responses"]["200"]["content"]
 

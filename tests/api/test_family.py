@@ -1,5 +1,7 @@
 """Child runs and timers on the API: the run document's ``parent``, ``children``, open
-``tickets`` and a timer's ``due_at``; ``GET /runs?parent=``; firing a timer through resume."""
+``tickets`` and a timer's ``due_at``; ``GET /runs?parent=``; firing a timer through resume;
+what a person may not answer (a delegation ticket, a timer's deny: 409
+``ticket_not_answerable``, nothing written)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from console.api.events import stream_run
+from runtime.models import Run, ThreadCommit, Ticket
 from runtime.worker import Worker
+from tests.api.conftest import error_of
 from tests.api.sse import parse
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -68,6 +72,88 @@ def test_parent_and_children_documents(api, start):
     assert (document["state"], document["end_cause"]) == ("ended", "natural")
     assert document["batches"][0]["calls"][0]["result"] == "child done"
     assert document["children"][0]["end_cause"] == "natural"
+
+
+def _commits() -> int:
+    return ThreadCommit.objects.count()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"decision": "deny"},
+        {"input": {"answer": "made up"}},
+        {"result": "made up"},
+        {"decision": "approve"},
+    ],
+)
+@pytest.mark.parametrize("waiting_on", ["delegation", "approval"])
+def test_a_delegation_ticket_is_answered_only_by_its_child(api, start, answer, waiting_on):
+    """A person's answer to a delegation ticket is refused while the child works, whether the
+    parent is parked on that ticket or waits on another (an approval after it): 409
+    ``ticket_not_answerable`` naming the child to cancel, nothing written. Cancelling the
+    child (what the refusal says to do) answers the ticket with an error."""
+    steps = [{"name": "delegate", "arguments": GATED_CHILD}]
+    if waiting_on == "approval":
+        steps.append({"name": "ledger_approval", "arguments": {"key": "p"}})
+    parent = start({"tool_calls": steps}, {"text": "done"})
+    drive()
+    document = api.get(f"/runs/{parent['id']}").json()
+    (child,) = document["children"]
+    (delegation,) = [t for t in document["tickets"] if t["kind"] == "delegation"]
+    assert (document["state"], document["ticket"]["kind"]) == ("awaiting", waiting_on)
+    seen = _commits()
+
+    refused = api.post(
+        f"/runs/{parent['id']}/resume",
+        {"ticket_id": delegation["id"], "kind": "delegation", **answer},
+    )
+    assert refused.status_code == 409, refused.content
+    error = error_of(refused)
+    assert error["code"] == "ticket_not_answerable"
+    assert error["detail"]["child_run_id"] == child["id"]
+    assert error["detail"]["allowed"] == []
+    assert error["detail"]["run"]["version"] == document["version"]
+    assert f"cancel the child run {child['id']}" in error["message"]
+    assert _commits() == seen
+    assert Ticket.objects.get(id=delegation["id"]).state == "open"
+    assert Run.objects.get(id=child["id"]).state == "awaiting"  # the child is still at work
+
+    cancelled = api.post(f"/runs/{child['id']}/cancel", {"reason": "not needed"})
+    assert cancelled.status_code == 200, cancelled.content
+    document = api.get(f"/runs/{parent['id']}").json()
+    call = document["batches"][0]["calls"][0]
+    assert call["phase"] == "completed" and call["is_error"]
+    assert child["id"] in call["result"] and "cancelled" in call["result"]
+    assert Ticket.objects.get(id=delegation["id"]).state == "consumed"
+
+
+def test_a_timer_is_fired_not_denied(api, start):
+    """A person may fire a timer now or cancel its run; a deny is 409
+    ``ticket_not_answerable`` (the timer fires by itself), a result 409 ``kind_mismatch``,
+    and neither writes anything."""
+    run = start({"tool_calls": [{"name": "wait", "arguments": {"seconds": 3600}}]}, {"text": "ok"})
+    drive()
+    ticket = api.get(f"/runs/{run['id']}").json()["ticket"]
+    seen = _commits()
+    denied = api.post(
+        f"/runs/{run['id']}/resume",
+        {"ticket_id": ticket["id"], "kind": "timer", "decision": "deny", "note": "no"},
+    )
+    assert denied.status_code == 409, denied.content
+    error = error_of(denied)
+    assert error["code"] == "ticket_not_answerable"
+    assert (error["detail"]["allowed"], error["detail"]["due_at"]) == (
+        ["approve"],
+        ticket["due_at"],
+    )
+    assert ticket["due_at"] in error["message"] and "cancel the run" in error["message"]
+    supplied = api.post(
+        f"/runs/{run['id']}/resume", {"ticket_id": ticket["id"], "kind": "timer", "result": "x"}
+    )
+    assert supplied.status_code == 409 and error_of(supplied)["code"] == "kind_mismatch"
+    assert _commits() == seen
+    assert Ticket.objects.get(id=ticket["id"]).state == "open"
 
 
 def test_timer_due_at_and_fire_now(api, start):

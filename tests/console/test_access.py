@@ -53,6 +53,19 @@ def test_signed_in_without_a_group_gets_403(client_for, urls):
         assert b"read_runs permission" in response.content
 
 
+def test_only_readers_pages_go_live(client_for, viewer, urls):
+    """The body's ``data-live`` lets the script open the live WebSocket: never on a page served
+    to someone the socket would refuse (the sign-in page, 404 and 403 pages)."""
+    live = b" data-live>"
+    anonymous, nobody = Client(), client_for(None)
+    assert live not in anonymous.get(reverse("console:login")).content
+    assert live not in anonymous.get("/no-such-page/").content
+    assert live not in nobody.get(urls["pages"][0]).content
+    assert live not in nobody.get(reverse("console:tokens")).content
+    for url in urls["pages"]:
+        assert live in viewer.get(url).content, url
+
+
 def test_viewer_reads_every_page(viewer, urls):
     for url in urls["pages"]:
         assert viewer.get(url).status_code == 200, url

@@ -1,5 +1,6 @@
 """The run page links a child to its parent and lists a parent's children; a timer's card
-shows when it fires (absolute with zone, and relative) and fires it now."""
+shows when it fires (absolute with zone, and relative) and fires it now, never denies it; a
+delegation ticket offers no answer (its child's end answers it)."""
 
 from __future__ import annotations
 
@@ -52,9 +53,17 @@ def test_parent_lists_children_and_child_links_parent(operator):
     delegation = Ticket.objects.get(run_id=parent_id)
     inbox = operator.get(reverse("console:inbox")).content.decode()
     assert Ticket.objects.get(run_id=child.id).id in inbox and delegation.id not in inbox
-    refused = operator.post(reverse("console:answer", args=[delegation.id]), {"decision": "deny"})
-    assert refused.status_code == 400
-    assert "answered by its child run" in refused.content.decode()
+    # Its card offers no answer (the run page shows it as the parent's open ticket), and an
+    # answer posted anyway is refused by the runtime's rule, naming the child to cancel.
+    page = operator.get(reverse("console:run", args=[parent_id])).content.decode()
+    assert reverse("console:answer", args=[delegation.id]) not in page
+    assert "To stop it, cancel the child run" in page
+    for decision in ("deny", "input", "approve"):
+        refused = operator.post(
+            reverse("console:answer", args=[delegation.id]), {"decision": decision}
+        )
+        assert refused.status_code == 409
+        assert f"cancel the child run {child.id}" in refused.content.decode()
     delegation.refresh_from_db()
     assert delegation.state == "open"
 
@@ -68,6 +77,11 @@ def test_timer_card_shows_its_fire_time_and_fires_now(operator):
     assert ticket.due_at.strftime("%Y-%m-%d %H:%M:%S UTC") in page
     assert "in 1\xa0hour, 59\xa0minutes" in page or "in 2\xa0hours" in page
     assert "Fire now" in page
+    assert 'value="deny"' not in page  # a timer fires; it is not denied
+    refused = operator.post(reverse("console:answer", args=[ticket.id]), {"decision": "deny"})
+    assert refused.status_code == 409 and "may only fire it now" in refused.content.decode()
+    ticket.refresh_from_db()
+    assert ticket.state == "open"
     response = operator.post(reverse("console:answer", args=[ticket.id]), {"decision": "approve"})
     assert response.status_code in (200, 302)
     ticket.refresh_from_db()

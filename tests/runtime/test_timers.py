@@ -92,6 +92,24 @@ def test_operator_fires_now_once(start, work_inline):
     assert_log_sound(run_id)
 
 
+@pytest.mark.slow
+def test_the_cli_fires_a_timer_but_does_not_deny_it(start, work_inline, command):
+    """``runtime_resume --deny`` on a timer is refused (``ticket_not_answerable``, nothing
+    written); ``--approve`` fires it now, as the console's "Fire now" does."""
+    run_id = start(wait_step(3600), text_step())
+    work_inline()
+    ticket = timer_ticket(run_id)
+    seen = ThreadCommit.objects.count()
+    done = command("runtime_resume", run_id, "--ticket", ticket.id, "--deny", "--reason", "no")
+    assert done.returncode == 1 and "ticket_not_answerable" in done.stderr, done.stderr
+    assert "fire it now (approve)" in done.stderr
+    assert ThreadCommit.objects.count() == seen
+    done = command("runtime_resume", run_id, "--ticket", ticket.id, "--approve")
+    assert done.returncode == 0, done.stderr
+    ticket.refresh_from_db()
+    assert (ticket.state, ticket.decision) == ("consumed", "approve")
+
+
 def test_cancel_voids_the_timer(start, work_inline):
     run_id = start(wait_step(0.2), text_step())
     work_inline()

@@ -8,8 +8,10 @@ a reconnect lookup asks), ``mixed`` (text, image and structured content in one r
 
 ``MCP_EFFECTS_HOLD`` (comma-separated tool names) makes the first application of those tools
 hang after its effect is recorded, so that a test can kill the server mid-call;
-``MCP_EFFECTS_CHANGED`` makes ``upsert`` say it is destructive; over HTTP, ``MCP_EFFECTS_TOKEN``
-is the ``X-Effects-Token`` header every request must carry.
+``MCP_EFFECTS_CHANGED`` makes ``upsert`` say it is destructive; ``MCP_EFFECTS_LOOKUP_FAILS``
+makes ``find_effect`` unable to answer (``error``: an error result; ``exit``: the server dies
+in it); over HTTP, ``MCP_EFFECTS_TOKEN`` is the ``X-Effects-Token`` header every request must
+carry.
 
 Run: ``python tests/runtime/mcp/effects_server.py [stdio | http PORT]``.
 """
@@ -115,6 +117,11 @@ def fail(key: str, ctx: Context) -> str:
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def find_effect(operation_id: str) -> dict[str, Any] | None:
     """The effect recorded under an operation id, or null when there is none."""
+    failure = os.environ.get("MCP_EFFECTS_LOOKUP_FAILS")
+    if failure == "exit":
+        os._exit(3)  # the server dies while it is asked
+    if failure:
+        raise ToolError("the effect store is unreachable")
     with _db() as db:
         row = db.execute(
             "select tool, key from effects where operation_id = ?", (operation_id,)

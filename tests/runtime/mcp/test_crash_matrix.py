@@ -106,3 +106,38 @@ def test_recovery_uses_the_pinned_schema_and_policy(start, worker, effects, mcp_
     assert effects.applied(call.operation_id) == 1
     assert json.loads(call.result.split("\n\n")[0])["operation_id"] == call.operation_id
     assert_log_sound(run_id)
+
+
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [("error", "the effect store is unreachable"), ("exit", "Connection closed")],
+)
+def test_a_lookup_that_cannot_answer_seals_the_call(start, worker, effects, mcp_env, failure, said):
+    """A reconnect call found Executing (its effect applied, its result lost with the worker)
+    whose lookup cannot answer (the server's error result, or the server dying in it) is
+    sealed Indeterminate on the recovering claim, for a person to reconcile: unknown is not
+    "never seen", so the tool is not sent again, and the claim does not fail (no poison
+    budget spent, the run goes on and ends naturally)."""
+    run_id = start(
+        tool_step(("effects__lookup_effects", {"key": "k"})), text_step(), agent="mcp_stdio"
+    )
+    code, err = worker(crash_at="effect_applied", **mcp_env())
+    assert code == 137, err
+    (call,) = calls(run_id)
+    assert (call.phase, call.policy, effects.applied(call.operation_id)) == (
+        "executing",
+        "reconnect",
+        1,
+    )
+    code, err = worker(worker_id="recoverer", **mcp_env(MCP_EFFECTS_LOOKUP_FAILS=failure))
+    assert code == 0, err
+
+    (call,) = calls(run_id)
+    assert (call.phase, call.attempt, call.effect_may_have_started) == ("indeterminate", 1, True)
+    assert "the lookup by operation id could not answer" in call.result and said in call.result
+    assert call.operation_id in call.result and "MCP server 'effects'" in call.result
+    assert effects.applied(call.operation_id) == 1  # never sent again
+    run = run_row(run_id)
+    assert (run.state, run.end_cause, run.failures) == ("ended", "natural", 0)
+    assert len(executing_workers(run_id)[call.id]) == 1  # the recoverer started no attempt
+    assert_log_sound(run_id)
