@@ -446,9 +446,13 @@
       el.addEventListener("focus", function () { el.select(); });
     });
     // Only a page served to someone who may read runs goes live (see base.html).
-    if (!document.body.hasAttribute("data-live")) return;
-    var panel = document.getElementById("live");
-    if (panel) startRun(panel);
-    else startLists();
+    var live = document.body.hasAttribute("data-live");
+    if (live) {
+      var panel = document.getElementById("live");
+      if (panel) startRun(panel);
+      else startLists();
+    }
+    // Set once the script has decided: a page without it never opens a socket afterwards.
+    document.body.setAttribute("data-script", live ? "live" : "static");
   });
 })();

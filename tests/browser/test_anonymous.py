@@ -8,31 +8,37 @@ import time
 
 import pytest
 from django.contrib.auth import get_user_model
+from playwright.sync_api import ConsoleMessage, Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-SETTLE_MS = 2500  # the script opens its socket at once and retries a refused one after 1 s
 
-
-def watch(page) -> tuple[list[str], list[str]]:
+def watch(page: Page) -> tuple[list[str], list[str]]:
     """Record every WebSocket the page opens (its URL) and every console error (its text)."""
     sockets: list[str] = []
     errors: list[str] = []
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            errors.append(message.text)
+
     page.on("websocket", lambda ws: sockets.append(ws.url))
-    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+    page.on("console", on_console)
     return sockets, errors
 
 
-def visit(page, url: str) -> None:
+def visit(page: Page, url: str) -> str | None:
+    """Load ``url`` and wait until the console's script has decided whether to go live (it
+    opens its socket, if at all, before it marks the body ``data-script``); return the mark."""
     page.goto(url)
-    page.wait_for_load_state("load")
-    page.wait_for_timeout(SETTLE_MS)
+    page.wait_for_selector("body[data-script]", state="attached")
+    return page.get_attribute("body", "data-script")
 
 
 def test_the_sign_in_page_opens_no_live_connection(stack, page, sign_in):
     sockets, errors = watch(page)
-    visit(page, stack.base_url + "/login/")
-    visit(page, stack.base_url + "/")  # sent to the sign-in page
+    assert visit(page, stack.base_url + "/login/") == "static"
+    assert visit(page, stack.base_url + "/") == "static"  # sent to the sign-in page
     assert page.url.startswith(stack.base_url + "/login/")
     assert (sockets, errors) == ([], [])
 
