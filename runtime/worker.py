@@ -205,7 +205,10 @@ class Heartbeat(threading.Thread):
     def run(self) -> None:
         try:
             while not self.done.wait(conf.heartbeat_seconds()):
-                self.beat()
+                try:
+                    self.beat()
+                except Exception:  # a DB blip: the next beat reconnects (keep_usable)
+                    log.exception("heartbeat failed; retrying at the next beat")
         finally:
             connection.close()
 
