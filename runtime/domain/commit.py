@@ -303,9 +303,13 @@ def check_resume(run: RunView, command: ResumeCommand) -> None:
             decision=command.decision.value,
         )
     if command.arguments is not None and (
-        command.decision is not Decision.APPROVE or not isinstance(command.arguments, dict)
+        ticket.kind is not TicketKind.APPROVAL
+        or command.decision is not Decision.APPROVE
+        or not isinstance(command.arguments, dict)
     ):
-        raise InvalidCommit("edited arguments are a JSON object and ride only with an approval")
+        raise InvalidCommit(
+            "edited arguments are a JSON object and ride only with an approval ticket's approve"
+        )
     if command.decision is Decision.RESPOND and command.input is None:
         raise InvalidCommit("a respond answer carries the supplied result")
 
@@ -364,6 +368,14 @@ def check_operator_resume(run: RunView, command: ResumeCommand) -> None:
     ticket = run.wait(command.ticket_id) or open_ticket
     if ticket is not None and ticket.kind in (TicketKind.DELEGATION, TicketKind.TIMER):
         check_operator_decision(ticket.kind, command.decision, ticket.request)
+        if command.arguments is not None:
+            raise TicketNotAnswerable(
+                f"A {ticket.kind.value} ticket takes no edited arguments: only an approval "
+                "ticket's approve may change a call's arguments.",
+                ticket_kind=ticket.kind.value,
+                decision=command.decision.value,
+                allowed=sorted(d.value for d in OPERATOR_DECISIONS[ticket.kind]),
+            )
     check_resume(run, command)
 
 
