@@ -114,10 +114,23 @@ class TicketMismatch(RuntimeFault):
 
 
 class KindMismatch(RuntimeFault):
-    """The command's kind does not match the open ticket's kind."""
+    """The command's kind or decision does not answer the open ticket's kind."""
 
     code = "kind_mismatch"
     status = 409
+
+    def __init__(self, *, ticket_kind: str, given_kind: str, decision: str, allowed: list[str]):
+        if given_kind != ticket_kind:
+            why = f"The command names kind {given_kind}; the open ticket is of kind {ticket_kind}"
+        else:
+            why = f"The decision {decision} does not answer the open {ticket_kind} ticket"
+        super().__init__(
+            f"{why} (its decisions: {', '.join(allowed)}).",
+            ticket_kind=ticket_kind,
+            given_kind=given_kind,
+            decision=decision,
+            allowed=allowed,
+        )
 
 
 class TicketNotAnswerable(RuntimeFault):

@@ -12,7 +12,6 @@ from typing import Literal
 
 from django.db.models import Count, Exists, Min, OuterRef, QuerySet
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from runtime import conf
 from runtime.models import ReconciliationRecord, Run, Ticket, ToolCallRecord, WorkerProcess
@@ -55,16 +54,10 @@ def unreconciled_calls() -> QuerySet[ToolCallRecord]:
 
 
 def timers_due(now: datetime | None = None) -> int:
-    """Open timer tickets whose ``request.at`` (an ISO 8601 time) has come."""
-    now = now or timezone.now()
-    due = 0
-    for request in Ticket.objects.filter(state="open", kind="timer").values_list(
-        "request", flat=True
-    ):
-        at = parse_datetime(str((request or {}).get("at", "")))
-        if at is not None and at <= now:
-            due += 1
-    return due
+    """Open timer tickets whose due time has come."""
+    return Ticket.objects.filter(
+        state="open", kind="timer", due_at__lte=now or timezone.now()
+    ).count()
 
 
 def stale_after() -> timedelta:

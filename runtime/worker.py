@@ -373,10 +373,16 @@ class Worker:
         tools = ToolThread()
         try:
             while not self.stopping.is_set():
-                if self.step(tools):
+                try:
+                    if self.step(tools):
+                        continue
+                    if self.until_idle and self.idle():
+                        return
+                except Exception:  # a DB blip in a claim or a poison end: the loop lives on
+                    log.exception("worker loop: a step failed; trying again")
+                    keep_usable()
+                    self.stopping.wait(conf.idle_poll_seconds())
                     continue
-                if self.until_idle and self.idle():
-                    return
                 with self.lock:
                     self.waiting += 1
                 try:

@@ -22,6 +22,7 @@ from console.api.schemas import (
 )
 from runtime import operations
 from runtime.documents import call_document
+from runtime.inventory import unreconciled_calls
 from runtime.models import ReconciliationRecord, ToolCallRecord
 
 router = Router(tags=["tool calls"])
@@ -67,7 +68,8 @@ def reconciliation_document(record: ReconciliationRecord, run_id: str) -> dict[s
 def list_tool_calls(request: HttpRequest, filters: Query[CallFilters]) -> dict[str, Any]:
     """Tool calls by phase, each with its run, operation id and recorded reconciliations.
     ``phase=indeterminate`` lists only calls whose effect may have started unless ``all``;
-    ``unreconciled`` keeps only those still without a recorded reconciliation."""
+    ``unreconciled`` keeps only those no decisive reconciliation (applied / not applied)
+    settles (runtime.inventory.unreconciled_calls; "still unknown" leaves a call to check)."""
     rows = ToolCallRecord.objects.select_related("run").prefetch_related(
         Prefetch("reconciliations", ReconciliationRecord.objects.order_by("seq"))
     )
@@ -76,9 +78,7 @@ def list_tool_calls(request: HttpRequest, filters: Query[CallFilters]) -> dict[s
         if filters.phase == "indeterminate" and not filters.all:
             rows = rows.filter(effect_may_have_started=True)
     if filters.unreconciled:
-        rows = rows.filter(
-            phase="indeterminate", effect_may_have_started=True, reconciliations__isnull=True
-        )
+        rows = rows.filter(id__in=unreconciled_calls().values("id"))
     if filters.run is not None:
         rows = rows.filter(run_id=filters.run)
     page, next_cursor = keyset_page(

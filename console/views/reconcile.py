@@ -21,6 +21,7 @@ from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, re
 from runtime import operations
 from runtime.coordinator import executing_attempts
 from runtime.errors import ReconciliationContradicts, RunAlreadyActive, RuntimeFault
+from runtime.inventory import unreconciled_calls
 from runtime.models import LateEvidence, ReconciliationRecord, ToolCallRecord
 
 
@@ -94,7 +95,7 @@ def reconciliation(request: HtmxHttpRequest) -> HttpResponse:
         return render_page(request, "console/reconcile.html", context, partial="counters")
     calls = _calls().order_by("-updated_at", "-id")
     if show == "open":
-        calls = calls.filter(reconciliations__isnull=True)
+        calls = calls.filter(id__in=unreconciled_calls().values("id"))
     after = parse_cursor(request.GET.get("after", ""))
     if after:
         calls = calls.filter(Q(updated_at__lt=after[0]) | Q(updated_at=after[0], id__lt=after[1]))
@@ -113,7 +114,7 @@ def reconcile_counts() -> dict[str, int]:
     """Indeterminate calls whose effect may have started: unreconciled and reconciled."""
     calls = ToolCallRecord.objects.filter(phase="indeterminate", effect_may_have_started=True)
     total = calls.count()
-    pending = calls.filter(reconciliations__isnull=True).count()
+    pending = unreconciled_calls().count()
     return {"pending_count": pending, "done_count": total - pending}
 
 

@@ -26,6 +26,7 @@ from runtime import operations
 from runtime.agents import registry
 from runtime.documents import RUN_SUMMARY_FIELDS, consistent, run_document
 from runtime.errors import NotFound, RuntimeFault
+from runtime.inventory import unreconciled_calls
 from runtime.models import (
     MessageRecord,
     ReconciliationRecord,
@@ -60,13 +61,6 @@ def _counts() -> dict[str, Any]:
         "causes": [(c, causes.get(c, 0)) for c in CAUSES],
         "unreconciled": unreconciled_calls().values("run_id").distinct().count(),
     }
-
-
-def unreconciled_calls():
-    """Indeterminate calls whose effect may have started and that nobody reconciled yet."""
-    return ToolCallRecord.objects.filter(
-        phase="indeterminate", effect_may_have_started=True, reconciliations__isnull=True
-    )
 
 
 def _row_context(page: list[Run]) -> None:

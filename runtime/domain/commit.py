@@ -301,6 +301,7 @@ def check_resume(run: RunView, command: ResumeCommand) -> None:
             ticket_kind=ticket.kind.value,
             given_kind=str(command.kind),
             decision=command.decision.value,
+            allowed=sorted(d.value for d in DECISIONS_FOR_KIND[ticket.kind]),
         )
     if command.arguments is not None and (
         ticket.kind is not TicketKind.APPROVAL
@@ -329,7 +330,12 @@ def check_operator_decision(
     if decision in allowed:
         return
     if allowed and decision not in DECISIONS_FOR_KIND[kind]:
-        raise KindMismatch(ticket_kind=kind.value, given_kind=kind.value, decision=str(decision))
+        raise KindMismatch(
+            ticket_kind=kind.value,
+            given_kind=kind.value,
+            decision=str(decision),
+            allowed=sorted(d.value for d in allowed),
+        )
     request = request if isinstance(request, dict) else {}
     detail = {
         "ticket_kind": kind.value,

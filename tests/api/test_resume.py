@@ -107,7 +107,12 @@ def test_another_kind_is_409_kind_mismatch(api, awaiting):
 
 def test_a_decision_the_kind_does_not_take_is_409_kind_mismatch(api, awaiting):
     run = awaiting("input")
-    refused(api, run, answer(run, decision="approve"), "kind_mismatch")
+    error = refused(api, run, answer(run, decision="approve"), "kind_mismatch")
+    # the message names what is wrong (the decision) and what would answer the ticket
+    assert error["message"] == (
+        "The decision approve does not answer the open input ticket (its decisions: deny, input)."
+    )
+    assert error["detail"]["allowed"] == ["deny", "input"]
 
 
 def test_a_consumed_ticket_is_409_ticket_consumed(api, awaiting):

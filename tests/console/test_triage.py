@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from console.views import tickets as ticket_views
 from runtime import operations
+from runtime.inventory import unreconciled_calls
 from runtime.models import ReconciliationRecord, Ticket
 
 pytestmark = pytest.mark.django_db
@@ -198,12 +199,19 @@ def test_run_page_reads_one_version(viewer, approval_run):
     assert f"as of commit #{version}<" in html
 
 
-def test_unreconciled_api_filter_matches_the_console(operator, indeterminate_call):
+def test_still_unknown_stays_to_check_and_a_decisive_outcome_settles(operator, indeterminate_call):
+    """One rule (runtime.inventory.unreconciled_calls) for the console's "To check", the API's
+    ``unreconciled``, the metric and runtime_prune: "still unknown" is recorded but leaves the
+    call to check; applied or not applied settles it."""
     _, call = indeterminate_call
     operations.reconcile(call.call_id, outcome="unknown", evidence="", actor="olga")
     html = operator.get(reverse("console:reconcile")).content.decode()
-    assert call.call_id not in html  # recorded: off the "to check" list
-    assert json.dumps(call.call_id)  # the API's twin is in tests/api/test_tool_calls.py
+    assert call.call_id in html  # recorded, yet still to check
+    assert list(unreconciled_calls().values_list("id", flat=True)) == [call.call_id]
+    operations.reconcile(call.call_id, outcome="not_applied", evidence="no row", actor="olga")
+    html = operator.get(reverse("console:reconcile")).content.decode()
+    assert call.call_id not in html  # settled: off the "to check" list
+    assert not unreconciled_calls().exists()
 
 
 def test_audit_lists_every_decision_with_filters(

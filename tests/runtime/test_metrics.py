@@ -87,7 +87,7 @@ def _waiting_runs() -> None:
     for at in (timezone.now() - timedelta(minutes=1), timezone.now() + timedelta(hours=1)):
         timer = RunDriver(operations.start_run(agent="demo", input="t", actor="t"))
         (call,) = timer.open_batch({"name": "slow", "arguments": {"seconds": 0}})
-        timer.await_ticket(call, "timer", request={"at": at.isoformat()})
+        timer.await_ticket(call, "timer", request={"due_at": at.isoformat()})
     lost = RunDriver(operations.start_run(agent="demo", input="l", actor="t"))
     (call,) = lost.open_batch({"name": "ledger_once", "arguments": {"key": "p"}})
     lost.execute(call)

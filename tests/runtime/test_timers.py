@@ -16,9 +16,10 @@ from django.utils import timezone
 
 from runtime import timers
 from runtime.domain.events import CallResumed
-from runtime.errors import TicketConsumed
+from runtime.domain.model import Decision, ResumeCommand, TicketKind
+from runtime.errors import TicketConsumed, TicketNotAnswerable
 from runtime.models import ThreadCommit, Ticket
-from runtime.operations import cancel
+from runtime.operations import cancel, resume
 from tests.runtime.support import (
     applied,
     assert_log_sound,
@@ -108,6 +109,26 @@ def test_the_cli_fires_a_timer_but_does_not_deny_it(start, work_inline, command)
     assert done.returncode == 0, done.stderr
     ticket.refresh_from_db()
     assert (ticket.state, ticket.decision) == ("consumed", "approve")
+
+
+def test_firing_a_timer_refuses_edited_arguments(start, work_inline):
+    """A timer only fires: an ``arguments`` edit is an approval's, never a timer's (found by an
+    adversarial pass: the fire was accepted and the woken attempt ran with the edit)."""
+    run_id = start(wait_step(600), text_step())
+    work_inline()
+    ticket = timer_ticket(run_id)
+    version = run_row(run_id).version
+    command = ResumeCommand(
+        ticket_id=ticket.id,
+        kind=TicketKind.TIMER,
+        decision=Decision.APPROVE,
+        arguments={"seconds": 5},
+    )
+    with pytest.raises(TicketNotAnswerable) as refused:
+        resume(run_id, command, actor="op")
+    assert "no edited arguments" in refused.value.message
+    assert run_row(run_id).version == version  # nothing written
+    assert Ticket.objects.get(id=ticket.id).state == "open"
 
 
 def test_cancel_voids_the_timer(start, work_inline):

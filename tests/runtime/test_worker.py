@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from collections import Counter
 
 import pytest
+from django.db import OperationalError
 
+from runtime import conf
+from runtime import worker as worker_module
 from runtime.models import LateEvidence, ThreadCommit
+from runtime.worker import Heartbeat, Worker
 from tests.runtime.support import (
     applied,
     assert_log_sound,
@@ -208,3 +213,46 @@ def test_graceful_stops_do_not_count_towards_the_poison_budget(start, spawn_work
     assert code == 0, err
     run = run_row(run_id)
     assert (run.state, run.end_cause) == ("ended", "natural"), run.error
+
+
+def test_a_failed_step_does_not_end_the_loop(start, settings, monkeypatch):
+    """A claim that raises (the database went away for a moment) is logged and tried again:
+    the loop thread lives on, so the worker keeps its capacity (found by an adversarial pass:
+    one error ended the loop, and with it a one-loop worker)."""
+    settings.RUNTIME_IDLE_POLL_SECONDS = 0.05
+    run_id = start(text_step())
+    real, failed = worker_module.claim_many, []
+
+    def flaky(worker_id: str, limit: int):
+        if not failed:
+            failed.append(1)
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(worker_id, limit)
+
+    monkeypatch.setattr(worker_module, "claim_many", flaky)
+    Worker(worker_id="flaky", until_idle=True).run()
+    assert failed == [1]
+    assert (run_row(run_id).state, run_row(run_id).end_cause) == ("ended", "natural")
+
+
+def test_the_heartbeat_survives_a_failed_beat(monkeypatch):
+    """One failed renewal must not end the heartbeat thread for the worker's life: its leases
+    would lapse while its loops keep driving, and another worker would drive the same runs."""
+    monkeypatch.setattr(conf, "heartbeat_seconds", lambda: 0.01)
+    beats: list[int] = []
+    twice = threading.Event()
+
+    def beat() -> None:
+        beats.append(1)
+        if len(beats) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        twice.set()
+
+    heartbeat = Heartbeat()
+    monkeypatch.setattr(heartbeat, "beat", beat)
+    heartbeat.start()
+    try:
+        assert twice.wait(10), "the heartbeat thread died on its first failed beat"
+    finally:
+        heartbeat.done.set()
+        heartbeat.join(10)
