@@ -107,7 +107,11 @@ def start_runs(count: int) -> list[str]:
 def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("RUNTIME_CRASH_AT", None)
-    env.setdefault("RUNTIME_IDLE_POLL_SECONDS", "0.05")
+    if not env.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
+        # SQLite has no NOTIFY across processes: a worker process finds new runs by polling.
+        # On PostgreSQL NOTIFY wakes it and the default poll stands (a shorter one only
+        # spends the two cores on empty claims).
+        env.setdefault("RUNTIME_IDLE_POLL_SECONDS", "0.05")
     env["DJANGO_SETTINGS_MODULE"] = "console.settings"
     return env
 

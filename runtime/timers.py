@@ -3,10 +3,10 @@
 A tool waits with ``ctx.wait_until(when)`` / ``ctx.wait_for(seconds)``: its call moves
 Executing -> Awaiting on a ``timer`` ticket holding ``due_at`` (ISO 8601, UTC), and the run
 holds no worker. Workers fire the due timers with the matching ResumeCommand (actor
-``timer``): a worker whenever it finds nothing to claim, and a busy one at most once a second
-(``runtime.worker.TIMER_CHECK_SECONDS``). Several workers may race for one: on PostgreSQL
-each claims the ticket row with SKIP LOCKED, and on any database the commit's expected-version
-check and the consumed ticket refuse a second fire, so a timer fires exactly once, also across
+``timer``): each worker looks at most once a second, between claims
+(``runtime.worker.TIMER_CHECK_SECONDS``). Several workers may race for one: on PostgreSQL each
+claims the ticket row with SKIP LOCKED, and on any database the commit's expected-version check
+and the consumed ticket refuse a second fire, so a timer fires exactly once, also across
 restarts (a due timer of a stopped deployment fires when a worker returns).
 """
 
@@ -48,12 +48,13 @@ def fire(run_id: str, ticket_id: str, *, actor: str = ACTOR) -> dict[str, Any]:
 
 def fire_due(now: datetime | None = None, *, limit: int = 20) -> int:
     """Fire up to ``limit`` due timers, oldest first; return how many this call fired."""
+    due = Ticket.objects.filter(state="open", kind="timer", due_at__lte=now or timezone.now())
+    if not due.exists():  # the usual answer, in one statement and no transaction
+        return 0
     fired = 0
     for _ in range(limit):
         with transaction.atomic():
-            rows = Ticket.objects.filter(
-                state="open", kind="timer", due_at__lte=now or timezone.now()
-            ).order_by("due_at")
+            rows = due.order_by("due_at")
             if connection.vendor == "postgresql":
                 rows = rows.select_for_update(skip_locked=True)
             row = rows.values("id", "run_id").first()

@@ -44,7 +44,7 @@ from runtime.signals import commit_announced
 
 log = logging.getLogger("runtime.worker")
 
-TIMER_CHECK_SECONDS = 1.0  # a busy worker looks for due timers at most this often
+TIMER_CHECK_SECONDS = 1.0  # a worker looks for due timers at most this often
 
 
 def default_worker_id() -> str:
@@ -280,22 +280,27 @@ class Worker:
         """Claim one runnable run and drive it; return whether there was work.
 
         ``tools`` is the loop's tool thread (one per loop, so tool calls reuse a connection).
-        Due timers are fired when there is nothing to claim, and at most every
-        TIMER_CHECK_SECONDS on a busy worker, so they cost the busy path no round trips.
+        Due timers are looked for at most every TIMER_CHECK_SECONDS, busy or idle, so they
+        cost the busy path (and idle workers woken together) almost no round trips.
         """
         keep_usable()
         taken = self.take()
+        # Looking for due timers costs one statement, so a worker looks at most once a
+        # second; one about to exit when idle looks first (a due timer makes its run runnable).
+        fired = self._fire_timers(now=taken is None and self.until_idle)
         if taken is None:
-            return self._fire_timers() > 0  # a fired timer's run is runnable at the next step
-        if time.monotonic() >= self.timers_checked + TIMER_CHECK_SECONDS:
-            self._fire_timers()
+            return fired > 0
         log.info("run %s: claimed (epoch %s)", taken.run_id, taken.lease.epoch)
         if self._poisoned(taken):
             return True
         self._drive(taken, tools)
         return True
 
-    def _fire_timers(self) -> int:
+    def _fire_timers(self, *, now: bool = False) -> int:
+        """Fire due timers if TIMER_CHECK_SECONDS passed since the last look (or ``now``);
+        return how many fired."""
+        if not now and time.monotonic() < self.timers_checked + TIMER_CHECK_SECONDS:
+            return 0
         self.timers_checked = time.monotonic()
         return timers.fire_due()
 

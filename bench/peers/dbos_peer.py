@@ -75,6 +75,7 @@ def queued(queue_name: str, poll: float) -> Any:
 
     def batch(count: int) -> list[str]:
         queue = DBOS.retrieve_queue(queue_name)
+        assert queue is not None, f"no DBOS queue {queue_name}"
         handles = [queue.enqueue(agent_run, PROMPT) for _ in range(count)]
         return [handle.get_result(polling_interval_sec=poll) for handle in handles]
 

@@ -20,7 +20,8 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import END, START, MessagesState, StateGraph
-from psycopg.rows import dict_row
+from psycopg import Connection
+from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from peers.workload import (
@@ -52,7 +53,9 @@ def build(ledger: Ledger, checkpointer: PostgresSaver) -> Any:
     def tools(state: MessagesState, config: RunnableConfig) -> dict[str, list[Any]]:
         thread_id = config["configurable"]["thread_id"]
         results = []
-        for call in state["messages"][-1].tool_calls:
+        last = state["messages"][-1]
+        assert isinstance(last, AIMessage)  # the model node's reply
+        for call in last.tool_calls:
             result = ledger.apply(
                 f"{thread_id}:{call['id']}", call["args"]["key"], call["name"], thread_id
             )
@@ -60,7 +63,8 @@ def build(ledger: Ledger, checkpointer: PostgresSaver) -> Any:
         return {"messages": results}
 
     def route(state: MessagesState) -> str:
-        return "tools" if state["messages"][-1].tool_calls else END
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
 
     graph = StateGraph(MessagesState)
     graph.add_node("model", model)
@@ -74,8 +78,9 @@ def build(ledger: Ledger, checkpointer: PostgresSaver) -> Any:
 def main() -> None:
     args = parser(__doc__.splitlines()[0]).parse_args()
     ledger = Ledger(LEDGER_TABLE, args.threads)
-    pool = ConnectionPool(
+    pool: ConnectionPool[Connection[DictRow]] = ConnectionPool(
         database_url(),
+        connection_class=Connection[DictRow],
         min_size=args.threads,
         max_size=args.threads,
         kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},

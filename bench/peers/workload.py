@@ -98,11 +98,13 @@ class Ledger:
 
     def check(self, run_ids: list[str]) -> None:
         with self.pool.connection() as db:
-            rows, low, high = db.execute(
+            found = db.execute(
                 f"SELECT count(*), min(applied), max(applied) FROM {self.table}"
                 " WHERE run_id = ANY(%s)",
                 (run_ids,),
             ).fetchone()
+        assert found is not None  # an aggregate always has its one row
+        rows, low, high = found
         if (rows, low, high) != (len(CALLS) * len(run_ids), 1, 1):
             raise SystemExit(
                 f"wrong outcome in {self.table}: {rows} rows for {len(run_ids)} runs, "
