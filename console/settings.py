@@ -248,6 +248,8 @@ RUNTIME_AGENTS = env_list(
 RUNTIME_ALLOW_SCRIPTED = env_bool("RUNTIME_ALLOW_SCRIPTED", True)
 RUNTIME_LEASE_SECONDS = env_number("RUNTIME_LEASE_SECONDS", 15, minimum=0.2)
 RUNTIME_HEARTBEAT_SECONDS = env_number("RUNTIME_HEARTBEAT_SECONDS", 5, minimum=0.1)
+# Silent worker rows holding no run are deleted after this long (0: never; runtime.registry).
+RUNTIME_WORKER_FORGET_SECONDS = env_number("RUNTIME_WORKER_FORGET_SECONDS", 3600, minimum=0)
 RUNTIME_POISON_CLAIMS = env_number("RUNTIME_POISON_CLAIMS", 3, minimum=1, integer=True)
 RUNTIME_POISON_DEATHS = env_number("RUNTIME_POISON_DEATHS", 20, minimum=1, integer=True)
 RUNTIME_MODEL_RETRIES = env_number("RUNTIME_MODEL_RETRIES", 4, minimum=0, integer=True)

@@ -29,6 +29,12 @@ def heartbeat_seconds() -> float:
     return float(_get("RUNTIME_HEARTBEAT_SECONDS", 5))
 
 
+def worker_forget_seconds() -> float:
+    """How long after its last heartbeat a stale or stopped worker's row, holding no run, is
+    deleted by any live worker (RUNTIME_WORKER_FORGET_SECONDS, default 3600 s; 0: never)."""
+    return float(_get("RUNTIME_WORKER_FORGET_SECONDS", 3600))
+
+
 def poison_claims() -> int:
     """Failed drivings (the driver raised) without any commit before a run is ended as
     indeterminate (default 3)."""

@@ -5,6 +5,11 @@ A worker registers on start (id, host, pid, concurrency, code version), renews
 when it stops gracefully. A worker killed outright simply stops beating: it is "stale" once
 silent for two lease periods (``inventory.worker_status``). The rows are operational, never
 thread truth: leases and the expected-version check fence workers, not this table.
+
+Rows do not pile up: every live worker's registration deletes, at most once a minute, the rows
+of stale and stopped workers silent for longer than RUNTIME_WORKER_FORGET_SECONDS that hold no
+run any more (their runs were taken over or released); a stale row whose runs nobody took over
+stays, since it still says something an operator must see. ``forget()`` does it by hand.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -23,10 +30,12 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from runtime import conf
-from runtime.models import WorkerProcess
+from runtime import conf, inventory
+from runtime.models import Run, WorkerProcess
 
 log = logging.getLogger("runtime.registry")
+
+FORGET_EVERY_SECONDS = 60.0  # how often a live worker looks for rows to forget
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,6 +97,29 @@ def stopped(worker_id: str) -> None:
     WorkerProcess.objects.filter(id=worker_id).update(heartbeat_at=now, stopped_at=now)
 
 
+def forget(silent_for: timedelta, *, stopped: bool = True) -> list[str]:
+    """Delete the rows of workers silent for longer than ``silent_for`` (at least the stale
+    threshold) that hold no run; ``stopped=False`` keeps stopped rows. Return their ids."""
+    cutoff = timezone.now() - max(silent_for, inventory.stale_after())
+    candidates = WorkerProcess.objects.filter(heartbeat_at__lt=cutoff)
+    if not stopped:
+        candidates = candidates.filter(stopped_at__isnull=True)
+    holding = Run.objects.filter(lease_owner__isnull=False).values("lease_owner")
+    ids = list(candidates.exclude(id__in=holding).values_list("id", flat=True))
+    if ids:
+        # The heartbeat condition is repeated: a row that beat meanwhile is not deleted.
+        WorkerProcess.objects.filter(id__in=ids, heartbeat_at__lt=cutoff).delete()
+        log.info("forgot %d silent worker(s): %s", len(ids), ", ".join(ids))
+    return ids
+
+
+def forget_expired() -> None:
+    """Forget rows silent for longer than RUNTIME_WORKER_FORGET_SECONDS (0: never)."""
+    seconds = conf.worker_forget_seconds()
+    if seconds > 0:
+        forget(timedelta(seconds=seconds))
+
+
 class Registration(threading.Thread):
     """Registers a worker, beats while it runs, and records its stop (``stop()``)."""
 
@@ -98,9 +130,13 @@ class Registration(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
+        forgot_at = time.monotonic()  # start() forgot just now
         try:
             while not self.done.wait(conf.heartbeat_seconds()):
                 self._safely(heartbeat, self.worker_id)
+                if time.monotonic() >= forgot_at + FORGET_EVERY_SECONDS:
+                    forgot_at = time.monotonic()
+                    self._safely(forget_expired)
             self._safely(stopped, self.worker_id)
         finally:
             connection.close()
@@ -125,5 +161,6 @@ def start(worker_id: str, concurrency: int) -> Registration:
     registration = Registration(worker_id, concurrency)
     # Registered before the worker claims anything, so a held run always names a known worker.
     registration._safely(register, worker_id, concurrency)
+    registration._safely(forget_expired)
     registration.start()
     return registration

@@ -1,11 +1,46 @@
 # shellcheck shell=bash
-# Sourced by scripts/test and .ci/run (never run directly): make sure the local PostgreSQL and
+# Sourced by scripts/test, scripts/start and .ci/run (never run directly), after
+# scripts/_python.sh (the helpers run `python`). For tests: make sure the local PostgreSQL and
 # Redis servers that a test run needs are reachable, starting them when they are down. Only
 # servers on this machine (localhost, 127.0.0.1, ::1 or a socket directory) are started; a
-# remote one that cannot be reached is an error.
+# remote one that cannot be reached is an error. For scripts/start: rt_prepare_database creates
+# DATABASE_URL's PostgreSQL database when the server is reachable, and explains in one line
+# when it is not (it starts no server).
 
 _svc_say() { echo "==> $*" >&2; }
 _svc_err() { echo "error: $*" >&2; }
+
+# url_parts URL: prints scheme, host, port, user, password and path of a URL, one per line.
+url_parts() {
+    python - "$1" <<'PY'
+import sys
+from urllib.parse import unquote, urlsplit
+
+url = urlsplit(sys.argv[1])
+hostport = url.netloc.rpartition("@")[2]
+if hostport.lower().startswith("%2f"):  # a socket directory, as in postgres://%2Fvar%2Frun...
+    host = unquote(hostport.split(":")[0])
+else:
+    host = url.hostname or ""
+for part in (url.scheme, host, url.port or "", unquote(url.username or ""),
+             unquote(url.password or ""), unquote(url.path.lstrip("/"))):
+    print(part)
+PY
+}
+
+# rt_masked_url URL: prints URL with its password (if any) replaced by ***.
+rt_masked_url() {
+    python - "$1" <<'PY'
+import sys
+from urllib.parse import urlsplit, urlunsplit
+
+url = urlsplit(sys.argv[1])
+userinfo, at, hostport = url.netloc.rpartition("@")
+if at and ":" in userinfo:
+    url = url._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hostport}")
+print(urlunsplit(url))
+PY
+}
 
 _svc_is_local() {
     case "$1" in
@@ -114,4 +149,23 @@ rt_ensure_redis() {
         _svc_err "Redis at $host:$port is still not reachable (see /var/log/redis/ci.log)"
         return 1
     fi
+}
+
+# rt_prepare_database: for a PostgreSQL DATABASE_URL, creates its database when the server is
+# reachable and the database is missing; fails with one line naming the URL (password masked)
+# when the server cannot be reached. Other URLs (SQLite, unset) need nothing.
+rt_prepare_database() {
+    local -a db
+    [[ -n "${DATABASE_URL:-}" ]] || return 0
+    mapfile -t db < <(url_parts "$DATABASE_URL")
+    case "${db[0]:-}" in
+    postgres | postgresql | pgsql | postgis) ;;
+    *) return 0 ;;
+    esac
+    if ! _svc_pg_ready "${db[1]:-}" "${db[2]:-5432}"; then
+        _svc_err "cannot reach PostgreSQL at $(rt_masked_url "$DATABASE_URL") (DATABASE_URL);" \
+            "start the server or fix the URL"
+        return 1
+    fi
+    rt_ensure_pg_database "${db[1]:-}" "${db[2]:-5432}" "${db[3]:-}" "${db[4]:-}" "${db[5]:-}"
 }

@@ -34,16 +34,21 @@ def daphne_command(port: int) -> list[str]:
 
 @contextmanager
 def serving(
-    env: dict[str, str], log: Path, command: list[str] | None = None, port: int | None = None
+    env: dict[str, str],
+    log: Path,
+    command: list[str] | None = None,
+    port: int | None = None,
+    timeout: float = 30,
 ) -> Iterator[str]:
     """Start ``command`` (daphne on ``port`` by default) and yield its base URL once it
-    accepts connections; stop it (SIGTERM, then SIGKILL) on exit. Output goes to ``log``."""
+    accepts connections (within ``timeout`` seconds); stop it (SIGTERM, then SIGKILL) on exit.
+    Output goes to ``log``."""
     port = port or free_port()
     out = log.open("w")
     process = subprocess.Popen(
         command or daphne_command(port), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
     )
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout
     try:
         while True:
             try:

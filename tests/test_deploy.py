@@ -5,8 +5,10 @@ serves hashed static files after collectstatic, and the admin shows the runtime 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import uuid
 from io import StringIO
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from runtime.models import Run
+from tests.servers import free_port, serving
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,3 +104,69 @@ def start_demo():
     from runtime.operations import start_run
 
     return lambda: start_run(agent="demo", input="hello", actor="t")
+
+
+def _start_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "RUNTIME_"))}
+    env.update(RUNTIME_VAR_DIR=str(tmp_path), **extra)
+    return env
+
+
+def _psql(sql: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        "psql",
+        "-X",
+        "-q",
+        "-t",
+        "-A",
+        "-h",
+        "127.0.0.1",
+        "-U",
+        "postgres",
+        "-d",
+        "postgres",
+    ]
+    return subprocess.run([*command, "-c", sql], capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.slow
+def test_start_names_an_unreachable_postgres_server_in_one_line(tmp_path):
+    port = free_port()  # nothing listens there
+    url = f"postgres://rt:s3cret@127.0.0.1:{port}/rt_x"
+    done = subprocess.run(
+        ["scripts/start"],
+        cwd=ROOT,
+        env=_start_env(tmp_path, DATABASE_URL=url, PORT=str(free_port())),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: cannot reach PostgreSQL at postgres://rt:***@127.0.0.1:{port}/rt_x"
+        " (DATABASE_URL); start the server or fix the URL"
+    ], done.stderr
+    assert "Traceback" not in done.stderr
+    assert "s3cret" not in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_start_creates_a_missing_postgres_database(tmp_path):
+    if shutil.which("psql") is None or _psql("SELECT 1").returncode != 0:
+        pytest.skip("no PostgreSQL at 127.0.0.1:5432 (user postgres)")
+    name = f"rt_start_{uuid.uuid4().hex[:12]}"
+    port = free_port()
+    env = _start_env(
+        tmp_path, DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{name}", PORT=str(port)
+    )
+    try:
+        with serving(
+            env, tmp_path / "start.log", command=["scripts/start"], port=port, timeout=120
+        ):
+            assert (
+                _psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'").stdout.strip() == "1"
+            )
+        assert f"creating PostgreSQL database {name}" in (tmp_path / "start.log").read_text()
+    finally:
+        _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,5 +1,7 @@
 """Worker registration: real worker processes register, beat, stop, and are flagged stale
-when killed, on the Workers page and in ``runtime_workers``; a worker serves its metrics.
+when killed, on the Workers page and in ``runtime_workers``; silent rows are forgotten; a
+worker serves its metrics; ``runtime_serve``'s in-process worker starts only on a free port and
+stops like a standalone one.
 """
 
 from __future__ import annotations
@@ -7,14 +9,17 @@ from __future__ import annotations
 import json
 import signal
 import socket
+from datetime import timedelta
 
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
+from django.utils import timezone
 
 from console.management.groups import ensure_groups
-from runtime.models import WorkerProcess
+from runtime import inventory, registry
+from runtime.models import Run, WorkerProcess
 from tests.runtime.support import run_row, text_step, tool_step, wait_for
 from tests.subprocesses import FAST_WORKER_ENV
 
@@ -91,6 +96,13 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def test_a_worker_serves_its_own_metrics(start, manage):
     run_id = start(tool_step(("ledger_replay", {"key": "m"})), text_step())
     port = _free_port()
@@ -112,3 +124,111 @@ def test_a_metrics_port_in_use_stops_the_worker(manage):
         code, err = manage("runtime_worker", "--metrics-port", str(port)).wait(30)
     assert code != 0
     assert f"cannot serve metrics on 127.0.0.1:{port}" in err
+
+
+def _silent_row(worker_id: str, seconds: float, *, stopped: bool = False) -> None:
+    """A worker row whose last heartbeat was ``seconds`` ago (stopped then, if ``stopped``)."""
+    at = timezone.now() - timedelta(seconds=seconds)
+    WorkerProcess.objects.create(
+        id=worker_id,
+        host="gone",
+        pid=1,
+        started_at=at,
+        heartbeat_at=at,
+        stopped_at=at if stopped else None,
+    )
+
+
+def _hold(run_id: str, worker_id: str) -> None:
+    """Make ``worker_id`` the (expired) lease owner of ``run_id``, as a crash leaves it."""
+    Run.objects.filter(id=run_id).update(
+        lease_owner=worker_id, lease_expires_at=timezone.now() - timedelta(minutes=1)
+    )
+
+
+def test_silent_rows_holding_no_run_are_forgotten_after_the_forget_time(start, settings):
+    settings.RUNTIME_WORKER_FORGET_SECONDS = 3600
+    held = start(text_step())
+    _silent_row("crashed", 7200)  # its runs were taken over: forgotten
+    _silent_row("holder", 7200)  # still holds a run nobody took over: kept
+    _hold(held, "holder")
+    _silent_row("retired", 7200, stopped=True)  # stopped long ago: forgotten
+    _silent_row("recent", 600)  # stale, but not for long enough: kept
+    _silent_row("alive", 0)
+    assert inventory.workers_by_status()["stale"] == 3
+
+    registry.forget_expired()
+    assert set(WorkerProcess.objects.values_list("id", flat=True)) == {"holder", "recent", "alive"}
+
+    settings.RUNTIME_WORKER_FORGET_SECONDS = 0  # never
+    _silent_row("kept", 7200)
+    registry.forget_expired()
+    assert WorkerProcess.objects.filter(id="kept").exists()
+
+
+def test_a_live_worker_forgets_a_crashed_workers_row(start, spawn_worker, fast_leases):
+    _silent_row("crashed", 600)
+    assert inventory.workers_by_status()["stale"] == 1
+    fresh = spawn_worker(until_idle=False, worker_id="fresh", RUNTIME_WORKER_FORGET_SECONDS="60")
+    wait_for(
+        lambda: not WorkerProcess.objects.filter(id="crashed").exists(),
+        what="the live worker to forget the crashed one",
+    )
+    assert inventory.workers_by_status() == {"live": 1, "stale": 0, "stopped": 0}
+    fresh.signal(signal.SIGTERM)
+    assert fresh.wait(10)[0] == 0
+
+
+def test_forget_stale_clears_stale_rows_by_hand_and_keeps_those_holding_runs(
+    start, command, fast_leases
+):
+    held = start(text_step())
+    _silent_row("crashed", 30)  # stale (2 x 1 s), well inside the forget time
+    _silent_row("holder", 30)
+    _hold(held, "holder")
+    _silent_row("retired", 30, stopped=True)
+    _silent_row("alive", 0)
+    done = command("runtime_workers", "--forget-stale")
+    assert done.returncode == 0, done.stderr
+    assert "forgot crashed" in done.stdout
+    assert f"kept holder: holds {held}" in done.stdout
+    assert set(WorkerProcess.objects.values_list("id", flat=True)) == {"holder", "retired", "alive"}
+
+
+def test_a_busy_port_stops_runtime_serve_before_a_worker_registers(manage):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        served = manage("runtime_serve", "--port", str(port), "--processes", "1")
+        code, err = served.wait(60)
+    assert code != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+    assert "--port" in err and "PORT=" in err
+    assert "running in-process" not in served.stdout
+    assert not WorkerProcess.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("processes", "signum"), [("1", signal.SIGTERM), ("2", signal.SIGINT)], ids=["1-TERM", "2-INT"]
+)
+def test_runtime_serve_stops_its_worker_like_runtime_worker(
+    start, manage, fast_leases, processes, signum
+):
+    run_id = start(tool_step(("slow", {"seconds": 30})), text_step())
+    port = _free_port()
+    served = manage("runtime_serve", "--port", str(port), "--processes", processes)
+    owner = wait_for(lambda: run_row(run_id).lease_owner, what="the in-process worker's claim")
+    wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), what="the server to answer")
+    assert WorkerProcess.objects.get(id=owner).pid == served.pid
+
+    served.signal(signum)
+    code, err = served.wait(30)
+    assert code == 0, err
+    assert f"worker {owner}: stopped" in err
+    # The lease is given back at once (no wait for its expiry) and the row says stopped.
+    assert (run_row(run_id).state, run_row(run_id).lease_owner) == ("running", None)
+    row = WorkerProcess.objects.get(id=owner)
+    assert inventory.worker_status(row) == "stopped"
+    with pytest.raises(OSError):  # no server process is left behind
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()

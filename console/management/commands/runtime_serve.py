@@ -8,22 +8,27 @@ processes (the first one, plus N-1 children started with ``--fd``), and the kern
 connections among them. The default ``auto`` serves with one process per CPU (at most 4)
 when the channel layer is shared (``REDIS_URL``) and the platform can hand a socket to a
 child (POSIX); with the in-memory layer it serves with one, because live deltas published
-in one process reach only the viewers connected to that same process. Stop with Ctrl-C or
-SIGTERM: the children and the server stop, then the worker finishes its current boundary.
+in one process reach only the viewers connected to that same process.
+
+The address is bound before anything else starts: a busy port stops the command (exit 1, with
+a message naming the address) before a worker registers. Stop with Ctrl-C or SIGTERM: the
+children and the server stop, then the worker stops as ``runtime_worker`` does (it finishes
+its current boundary, releases its leases and records the stop); a second signal exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from channels.routing import get_default_application
-from daphne.endpoints import build_endpoint_description_strings
 from daphne.server import Server
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -51,7 +56,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise CommandError(f"cannot listen on {host}:{port}: {exc}") from exc
+        raise CommandError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}. Another process may be"
+            " using it; choose another port with PORT=... ./scripts/start or"
+            " manage.py runtime_serve --port ..."
+        ) from exc
     sock.listen(1024)
     sock.set_inheritable(True)
     return sock
@@ -86,12 +95,21 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1")
         count = self.process_count(processes)
         if fd is not None:  # a child: serve the socket the first process bound
-            self.serve(build_endpoint_description_strings(file_descriptor=fd))
+            inherited = socket.socket(fileno=fd)
+            endpoints = self.endpoints(inherited)
+            inherited.detach()  # daphne serves the descriptor itself
+            self.serve(endpoints)
             return
-        worker = None
+        # Bound first: a busy port stops the command before a worker registers or a child starts.
+        sock = listening_socket(host, port)
+        # A signal before daphne installs its handlers stops the server as soon as it runs.
+        signal.signal(signal.SIGTERM, self.stop_early)
+        signal.signal(signal.SIGINT, self.stop_early)
+        worker, worker_thread = None, None
         if not no_worker:
             worker = Worker(concurrency=concurrency)
-            threading.Thread(target=worker.run, name="worker", daemon=True).start()
+            worker_thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+            worker_thread.start()
             self.stdout.write(f"worker {worker.worker_id}: running in-process")
         self.stdout.write(
             f"console: http://{host}:{port}/   API: http://{host}:{port}/api/v1/docs"
@@ -99,12 +117,8 @@ class Command(BaseCommand):
         )
         children: list[subprocess.Popen[bytes]] = []
         try:
-            if count == 1:
-                self.serve(build_endpoint_description_strings(host=host, port=port))
-                return
-            sock = listening_socket(host, port)
             children = [self.child(sock.fileno()) for _ in range(count - 1)]
-            self.serve(build_endpoint_description_strings(file_descriptor=sock.fileno()))
+            self.serve(self.endpoints(sock))
         finally:
             for child in children:
                 child.terminate()
@@ -114,8 +128,31 @@ class Command(BaseCommand):
                 except subprocess.TimeoutExpired:
                     child.kill()
                     child.wait()
-            if worker is not None:
-                worker.stop()
+            sock.close()
+            if worker is not None and worker_thread is not None:
+                self.stop_worker(worker, worker_thread)
+
+    def stop_early(self, signum, frame) -> None:
+        from twisted.internet import reactor as installed  # daphne.server's asyncio reactor
+
+        reactor: Any = installed  # twisted types its global reactor loosely
+        reactor.callFromThread(reactor.stop)  # run by the reactor once it starts
+
+    def stop_worker(self, worker: Worker, thread: threading.Thread) -> None:
+        """Stop the in-process worker as ``runtime_worker`` stops: wait for its loops to finish
+        their boundary, release their leases and record the stop (its thread is a daemon, so
+        without this wait the process would exit under it and leave the row to turn stale)."""
+
+        def leave_now(signum, frame):  # a second signal while the worker finishes
+            os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, leave_now)
+        signal.signal(signal.SIGINT, leave_now)
+        self.stderr.write(f"worker {worker.worker_id}: stopping after this boundary")
+        worker.stop()
+        while thread.is_alive():
+            thread.join(0.2)
+        self.stderr.write(f"worker {worker.worker_id}: stopped")
 
     def process_count(self, processes: str) -> int:
         if processes == "auto":
@@ -133,6 +170,11 @@ class Command(BaseCommand):
     def child(self, fd: int) -> subprocess.Popen[bytes]:
         command = [sys.executable, str(MANAGE), "runtime_serve", "--fd", str(fd)]
         return subprocess.Popen(command, pass_fds=(fd,), stdin=subprocess.DEVNULL)
+
+    def endpoints(self, sock: socket.socket) -> list[str]:
+        """daphne's endpoint for the socket bound up front (IPv6 needs its domain named)."""
+        domain = ":domain=INET6" if sock.family == socket.AF_INET6 else ""
+        return [f"fd:fileno={sock.fileno()}{domain}"]
 
     def serve(self, endpoints: list[str]) -> None:
         Server(

@@ -3,18 +3,25 @@
 One line per worker: id, status (live | stale | stopped), host, pid, version, last heartbeat
 age and the runs it holds; ``--json`` prints ``{"workers": [{"id", "status", "host", "pid",
 "concurrency", "version", "started_at", "heartbeat_at", "stopped_at", "runs"}],
-"stale_after_seconds"}``. ``--stale`` lists only stale workers. Exits 0.
+"stale_after_seconds"}``. ``--stale`` lists only stale workers.
+
+``--forget-stale`` deletes the rows of stale workers that hold no run (a crash whose runs
+were taken over), whatever their age, and prints ``forgot <id>`` for each and ``kept <id>:
+holds <runs>`` for a stale worker whose runs nobody has taken over yet (they are reclaimed
+once a worker runs; the row goes with the next ``--forget-stale`` after that). Live workers
+also forget such rows by themselves after RUNTIME_WORKER_FORGET_SECONDS. Exits 0.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from runtime import inventory
+from runtime import inventory, registry
 
 
 def _iso(value: Any) -> str | None:
@@ -49,8 +56,16 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--stale", action="store_true", help="only stale workers")
+        parser.add_argument(
+            "--forget-stale",
+            action="store_true",
+            help="delete the rows of stale workers that hold no run",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["forget_stale"]:
+            self.forget_stale()
+            return
         documents = worker_documents(options["stale"])
         stale_after = inventory.stale_after().total_seconds()
         if options["json"]:
@@ -68,3 +83,9 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{len(documents)} worker(s), {stale} stale (no heartbeat for > {stale_after:g} s)"
         )
+
+    def forget_stale(self) -> None:
+        for worker_id in registry.forget(timedelta(0), stopped=False):
+            self.stdout.write(f"forgot {worker_id}")
+        for d in worker_documents(stale_only=True):  # what is left holds runs
+            self.stdout.write(f"kept {d['id']}: holds {','.join(d['runs'])}")
