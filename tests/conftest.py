@@ -6,9 +6,102 @@ here are fixtures that return functions (STYLE.md).
 
 from __future__ import annotations
 
+import os
 import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+from tests.subprocesses import DEFAULT_REDIS_URL, redis_url_of_worker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# -- what the run uses: said in the header, per xdist worker --------------------------------------
+
+
+def _workers(config: pytest.Config) -> list[str]:
+    """The xdist worker ids this run starts (``gw0``, ...), or [""] when it runs in-process."""
+    if config.getoption("dist", "no") == "no" or not config.getoption("tx", None):
+        return [""]
+    return [f"gw{i}" for i in range(len(config.getoption("tx")))]
+
+
+def _shown(url: str) -> str:
+    """A URL without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _test_database(worker: str) -> str:
+    """The test database pytest-django creates in that worker (it adds the ``_gwN`` suffix)."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    name = (db.get("TEST") or {}).get("NAME") or f"test_{db['NAME']}"
+    name = f"{name}_{worker}" if worker else name
+    if "sqlite" in db["ENGINE"]:
+        path = Path(name)
+        return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else name
+    return name
+
+
+def _label(worker: str) -> str:
+    return f" ({worker})" if worker else ""
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say which test database and which Redis database each worker process uses."""
+    from django.conf import settings
+
+    workers = _workers(config)
+    db = settings.DATABASES["default"]
+    names = ", ".join(_test_database(w) + _label(w) for w in workers)
+    if "sqlite" in db["ENGINE"]:
+        where = f"test database: SQLite {names}"
+    else:
+        where = f"test database: PostgreSQL {names} on {db.get('HOST') or 'localhost'}"
+        where += f":{db['PORT']}" if db.get("PORT") else ""
+    configured = os.environ.get("RUNTIME_TEST_REDIS_URL")
+    urls = ", ".join(
+        _shown(redis_url_of_worker(configured or DEFAULT_REDIS_URL, w)) + _label(w) for w in workers
+    )
+    if configured:
+        redis = f"test Redis: {urls} (RUNTIME_TEST_REDIS_URL)"
+    else:
+        redis = (
+            f"test Redis: {urls} for the browser tests; RUNTIME_TEST_REDIS_URL is unset, so the "
+            "Redis readiness test skips and the e2e test starts a private redis-server"
+        )
+    lines = [where, redis]
+    if workers != [""]:
+        lines.append(
+            f"xdist: {len(workers)} worker processes, one test database and Redis database each "
+            "(-n 0 runs in this process)"
+        )
+    return lines
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Refuse an xdist mode that would drop tests: the scope modes key their work by node id,
+    and schemathesis gives every operation of tests/api/test_fuzz.py the same one (all but one
+    would silently not run). scripts/test uses ``--dist worksteal``, which keys by position."""
+    dist = node.config.getoption("dist")
+    if dist not in ("loadscope", "loadfile", "loadgroup"):
+        return
+    seen: set[str] = set()
+    twice = sorted({nodeid for nodeid in ids if nodeid in seen or seen.add(nodeid)})
+    if twice:
+        pytest.exit(
+            f"--dist {dist} would run only one of the tests that share a node id "
+            f"({', '.join(twice)}): use --dist load or worksteal",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+
 
 # -- commit-log factories (fixtures that return functions; used by tests/runtime) ----------------
 # Models are imported inside the fixtures: this module loads before pytest-django sets Django up.

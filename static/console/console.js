@@ -87,13 +87,27 @@
     if (active && el.contains(active) && active.closest("form")) return true;
     return !!el.querySelector("form[data-dirty]");
   }
+  // Background reads in flight, by element id: "again" when another was asked for meanwhile.
+  // htmx would queue that one, then drop it, since the answer in flight replaces (outerHTML)
+  // the element it was queued for: a commit announced during a refresh would never be shown.
+  var reading = {};
   function refresh(el) {
     if (!el || !window.htmx) return;
     if (editing(el)) { el.dataset.pending = "1"; return; }
+    var id = el.id;
+    if (id && reading[id]) { reading[id] = "again"; return; }
+    if (id) reading[id] = "once";
     // A background read: a failure is reported by the status line, never thrown.
     var done = htmx.ajax("GET", el.getAttribute("hx-get"),
                          { source: el, target: el, swap: "outerHTML" });
-    if (done && done.catch) done.catch(function () {});
+    function settled() {
+      if (!id) return;
+      var again = reading[id] === "again";
+      delete reading[id];
+      if (again) refresh(document.getElementById(id));  // the element that replaced it
+    }
+    if (done && done.then) done.then(settled, settled);
+    else settled();
   }
   function flushPending() {
     document.querySelectorAll("[data-pending]").forEach(function (el) {

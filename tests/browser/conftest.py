@@ -20,7 +20,13 @@ from typing import Any
 
 import pytest
 
-from tests.subprocesses import FAST_WORKER_ENV, subprocess_database_url
+from tests.subprocesses import (
+    DEFAULT_REDIS_URL,
+    FAST_WORKER_ENV,
+    redis_url_for_tests,
+    subprocess_database_url,
+    xdist_worker,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("RUNTIME_CHROMIUM", "/usr/bin/chromium")
@@ -32,7 +38,8 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-REDIS_URL = os.environ.get("RUNTIME_TEST_REDIS_URL") or "redis://127.0.0.1:6379/5"
+# This process's own Redis database: under xdist the workers' live groups never meet.
+REDIS_URL = redis_url_for_tests(DEFAULT_REDIS_URL)
 RESULTS = ROOT / "test-results" / "screenshots"
 DOCS = ROOT / "docs" / "screenshots"
 STACK_ENV = {**FAST_WORKER_ENV, "DJANGO_DEBUG": "0"}
@@ -69,7 +76,8 @@ class Stack:
         self._wait_ready()
 
     def _spawn(self, args: list[str], name: str, **extra: str) -> subprocess.Popen[bytes]:
-        log = RESULTS.parent / f"{name}-{len(self.processes)}.log"
+        prefix = f"{xdist_worker()}-" if xdist_worker() else ""
+        log = RESULTS.parent / f"{prefix}{name}-{len(self.processes)}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("wb") as out:
             process = subprocess.Popen(

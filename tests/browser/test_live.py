@@ -141,6 +141,37 @@ def test_a_repeated_commit_notice_does_not_reset_the_stream(stack, page, sign_in
     expect(page.locator("#live-step")).not_to_contain_text("Commit #")
 
 
+def test_a_commit_announced_while_the_last_refresh_is_in_flight_is_shown(stack, page, sign_in):
+    # The refresh for commit 1 is still on its way when commit 2 is announced; its answer
+    # (commit 1's state) replaces the committed panel. A refresh asked for meanwhile must
+    # still be made, or the page shows commit 1 for good: htmx drops a request it queued for
+    # an element that the answer in flight has replaced.
+    run_id, group = open_run_page(stack, page, sign_in)
+    url = f"{stack.base_url}/runs/{run_id}/"
+    held: list = []
+
+    def hold(route) -> None:
+        if held or route.request.headers.get("hx-request") != "true":
+            route.continue_()
+            return
+        held.append((route, route.fetch()))  # answered now, delivered when the test says
+
+    page.route(url, hold)
+    off_loop(lambda: RunDriver(run_id).text_step("The first answer."))
+    send_live(group, commit_notice(run_id, off_loop(lambda: RunDriver(run_id).view.version)))
+    while not held:
+        page.wait_for_timeout(50)
+    off_loop(lambda: RunDriver(run_id).text_step("The second answer."))
+    second = off_loop(lambda: RunDriver(run_id).view.version)
+    send_live(group, commit_notice(run_id, second))
+    expect(page.locator("#live-step")).to_contain_text(f"Commit #{second} landed")
+    route, answer = held[0]
+    route.fulfill(response=answer)
+    committed = page.locator("#committed")
+    expect(committed).to_contain_text("The second answer.")
+    expect(committed).to_have_attribute("data-version", str(second))
+
+
 def test_stream_interrupted_then_a_new_claim_starts_afresh(stack, page, sign_in):
     run_id, group = open_run_page(stack, page, sign_in)
     send_live(group, delta(run_id, 1, 1, "The dead worker's half sentence", claim=1))

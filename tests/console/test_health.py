@@ -8,6 +8,8 @@ import pytest
 from django.db.migrations.recorder import MigrationRecorder
 from django.test import Client
 
+from tests.subprocesses import redis_url_for_tests
+
 pytestmark = pytest.mark.django_db
 
 
@@ -56,6 +58,6 @@ def test_readyz_fails_when_redis_is_unreachable(settings):
     not os.environ.get("RUNTIME_TEST_REDIS_URL"), reason="RUNTIME_TEST_REDIS_URL is not set"
 )
 def test_readyz_round_trips_through_redis(settings):
-    settings.CHANNEL_LAYERS = _redis_layer(os.environ["RUNTIME_TEST_REDIS_URL"])
+    settings.CHANNEL_LAYERS = _redis_layer(redis_url_for_tests())
     response = Client().get("/readyz")
     assert response.status_code == 200, response.json()

@@ -63,6 +63,7 @@ import pytest
 
 from tests.api.sse import Event, parse
 from tests.providers.replay import ReplayServer, Reply, Seen, load_fixture
+from tests.subprocesses import redis_url_for_tests
 
 pytestmark = pytest.mark.slow
 
@@ -387,7 +388,7 @@ def conversation() -> Iterator[Conversation]:
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
     """A Redis for the channel layer: RUNTIME_TEST_REDIS_URL, or a private redis-server."""
-    configured = os.environ.get("RUNTIME_TEST_REDIS_URL")
+    configured = redis_url_for_tests()  # this xdist worker's own database
     if configured:
         yield configured
         return

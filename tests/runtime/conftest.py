@@ -20,6 +20,7 @@ import pytest
 
 from runtime.operations import start_run
 from runtime.worker import Worker
+from tests.runtime.support import wait_for
 from tests.subprocesses import FAST_WORKER_ENV, subprocess_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,6 +151,33 @@ def spawn_worker(manage: Callable[..., Spawned]) -> Callable[..., Spawned]:
         return manage(*args, RUNTIME_CRASH_AT=crash_at, **env)
 
     return spawn
+
+
+@pytest.fixture
+def crashers(spawn_worker: Callable[..., Spawned]) -> Callable[..., list[Spawned]]:
+    """Return ``start(n, point, **env)``: n worker processes ``crasher-0`` ... that each die
+    at their first ``point`` (RUNTIME_CRASH_AT), already up and polling when it returns.
+
+    Start the runs they are to crash on after that, and each crasher claims one of them at
+    once. A crasher still starting up (seconds, on a loaded machine) could instead claim a
+    run whose first crasher's 1 s lease had already expired, and another run would never be
+    claimed. They are not ``--until-idle``: one that finds no run waits for one.
+    """
+
+    def start(n: int, point: str, **env: str | None) -> list[Spawned]:
+        spawned = [
+            spawn_worker(crash_at=point, until_idle=False, worker_id=f"crasher-{i}", **env)
+            for i in range(n)
+        ]
+        for crasher in spawned:
+            wait_for(
+                lambda c=crasher: "started" in c.stderr or c.process.poll() is not None,
+                timeout=120,
+                what=f"worker {crasher.pid} to start",
+            )
+        return spawned
+
+    return start
 
 
 @pytest.fixture

@@ -100,15 +100,15 @@ def _outcome(run_id: str, point: str) -> tuple[str, int, int]:
 
 
 @pytest.mark.parametrize("point", [*CLEAN_POINTS, "executing_committed", "effect_applied"])
-def test_takeover_after_crash(start, spawn_worker, worker, point):
+def test_takeover_after_crash(start, crashers, worker, point):
     """One run per policy, each with one call; one crasher process per run (each claims one
     run and dies at its first occurrence of the point), then one recovering worker."""
+    waiting = crashers(len(POLICY_TOOLS), point)
     runs = {
         policy: start(tool_step((tool, {"key": "k"})), text_step())
         for policy, tool in POLICY_TOOLS.items()
     }
-    crashers = [spawn_worker(crash_at=point, worker_id=f"crasher-{i}") for i in range(len(runs))]
-    for crasher in crashers:
+    for crasher in waiting:
         code, err = crasher.wait()
         assert code == 137, err
         assert f"RUNTIME_CRASH_AT: crashing at {point}:1" in err

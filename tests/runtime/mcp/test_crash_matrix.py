@@ -53,16 +53,13 @@ def _check_result(call, tool: str) -> None:
 
 
 @pytest.mark.parametrize("point", [*CLEAN_POINTS, "executing_committed", "effect_applied"])
-def test_takeover_after_crash(start, spawn_worker, worker, effects, mcp_env, point):
+def test_takeover_after_crash(start, crashers, worker, effects, mcp_env, point):
+    waiting = crashers(len(TOOLS), point, **mcp_env())
     runs = {
         tool: start(tool_step((tool, {"key": "k"})), text_step(), agent="mcp_stdio")
         for tool in TOOLS
     }
-    crashers = [
-        spawn_worker(crash_at=point, worker_id=f"crasher-{i}", **mcp_env())
-        for i in range(len(runs))
-    ]
-    for crasher in crashers:
+    for crasher in waiting:
         code, err = crasher.wait(120)
         assert code == 137, err
     code, err = worker(worker_id="recoverer", timeout=120, **mcp_env())
