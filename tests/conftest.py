@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -93,8 +94,8 @@ def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
     dist = node.config.getoption("dist")
     if dist not in ("loadscope", "loadfile", "loadgroup"):
         return
-    seen: set[str] = set()
-    twice = sorted({nodeid for nodeid in ids if nodeid in seen or seen.add(nodeid)})
+    counts = Counter(ids)
+    twice = sorted(nodeid for nodeid, n in counts.items() if n > 1)
     if twice:
         pytest.exit(
             f"--dist {dist} would run only one of the tests that share a node id "

@@ -39,7 +39,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 # This process's own Redis database: under xdist the workers' live groups never meet.
-REDIS_URL = redis_url_for_tests(DEFAULT_REDIS_URL)
+REDIS_URL = redis_url_for_tests(DEFAULT_REDIS_URL) or DEFAULT_REDIS_URL
 RESULTS = ROOT / "test-results" / "screenshots"
 DOCS = ROOT / "docs" / "screenshots"
 STACK_ENV = {**FAST_WORKER_ENV, "DJANGO_DEBUG": "0"}

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +172,7 @@ def crashers(spawn_worker: Callable[..., Spawned]) -> Callable[..., list[Spawned
         ]
         for crasher in spawned:
             wait_for(
-                lambda c=crasher: "started" in c.stderr or c.process.poll() is not None,
+                partial(_started_or_gone, crasher),
                 timeout=120,
                 what=f"worker {crasher.pid} to start",
             )
@@ -222,3 +223,7 @@ def work_inline(transactional_db: None, settings: Any) -> Callable[..., int]:
         pytest.fail(f"still claiming after {limit} claims")
 
     return run
+
+
+def _started_or_gone(worker: Spawned) -> bool:
+    return "started" in worker.stderr or worker.process.poll() is not None
