@@ -18,6 +18,37 @@ from tests.subprocesses import DEFAULT_REDIS_URL, redis_url_of_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# -- PostgreSQL: empty the tables with DELETE, not TRUNCATE, after each transactional test ---------
+
+
+def _flush_by_delete() -> None:
+    """Make Django's flush (TransactionTestCase's teardown, ~500 tests here) DELETE the rows.
+
+    TRUNCATE of the ~20 tables took 0.5 to 0.9 s per test on PostgreSQL (new files for every
+    table and index, whatever they hold); a test leaves a few rows, which DELETE removes in
+    ~10 ms. The result is the same: empty tables, sequences untouched (TRUNCATE is issued
+    without RESTART IDENTITY here). Every foreign key Django creates is DEFERRABLE INITIALLY
+    DEFERRED, so the order of the DELETEs does not matter within the flush's transaction.
+    """
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if reset_sequences or allow_cascade or not tables:
+            return truncate(
+                self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+            )
+        deletes = [f"DELETE FROM {style.SQL_FIELD(self.quote_name(t))};" for t in tables]
+        return ["SET CONSTRAINTS ALL DEFERRED;", *deletes]
+
+    DatabaseOperations.sql_flush = sql_flush
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _flush_by_delete()
+
+
 # -- what the run uses: said in the header, per xdist worker --------------------------------------
 
 
