@@ -42,7 +42,7 @@ def _flush_by_delete() -> None:
         deletes = [f"DELETE FROM {style.SQL_FIELD(self.quote_name(t))};" for t in tables]
         return ["SET CONSTRAINTS ALL DEFERRED;", *deletes]
 
-    DatabaseOperations.sql_flush = sql_flush
+    setattr(DatabaseOperations, "sql_flush", sql_flush)  # noqa: B010 (a method, on purpose)
 
 
 def pytest_configure(config: pytest.Config) -> None:
