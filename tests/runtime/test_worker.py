@@ -168,16 +168,21 @@ def test_racing_workers_one_owner_per_run(start, spawn_worker):
 
 
 def test_stale_owner_is_fenced_and_applies_nothing_after(start, spawn_worker):
-    # The first owner's heartbeat (5 s) is slower than its lease (1 s): while it sits in a
-    # slow call (4 s, time enough for the second worker to start) its lease expires and a
-    # second worker takes the run over. When the stale
-    # owner comes back, the version check and the lease epoch refuse each of its commits, so
-    # it never starts another attempt or the next call.
+    # The first owner's heartbeat (5 s) is slower than its lease (1 s). It is stopped
+    # (SIGSTOP) inside a slow call until a second worker has taken the run over, then let go:
+    # the version check and the lease epoch refuse each of its commits, so it never starts
+    # another attempt or the next call. (Stopping it, rather than hoping the second worker
+    # starts within the call's 4 s, keeps the order on a loaded machine.)
     run_id = start(tool_step(("slow", {"seconds": 4}), ("ledger_once", {"key": "x"})), text_step())
     stale = spawn_worker(worker_id="stale", RUNTIME_HEARTBEAT_SECONDS="5")
-    wait_for(lambda: run_row(run_id).lease_owner == "stale", what="the first claim")
+    wait_for(lambda: [c.phase for c in calls(run_id)][:1] == ["executing"], what="the stale's call")
     first_epoch = run_row(run_id).lease_epoch
-    fresh = spawn_worker(worker_id="fresh")
+    stale.signal(signal.SIGSTOP)
+    try:
+        fresh = spawn_worker(worker_id="fresh")
+        wait_for(lambda: run_row(run_id).lease_owner == "fresh", timeout=60, what="the takeover")
+    finally:
+        stale.signal(signal.SIGCONT)
     for each in (stale, fresh):
         code, err = each.wait(timeout=60)
         assert code == 0, err

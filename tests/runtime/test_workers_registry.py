@@ -179,16 +179,16 @@ def test_a_live_worker_forgets_a_crashed_workers_row(start, spawn_worker, fast_l
     assert fresh.wait(10)[0] == 0
 
 
-def test_forget_stale_clears_stale_rows_by_hand_and_keeps_those_holding_runs(
-    start, command, fast_leases
-):
+def test_forget_stale_clears_stale_rows_by_hand_and_keeps_those_holding_runs(start, command):
+    # 15 s leases in the command (stale after 30 s): "alive" stays live however slowly the
+    # command starts on a loaded machine, and the others are stale.
     held = start(text_step())
-    _silent_row("crashed", 30)  # stale (2 x 1 s), well inside the forget time
-    _silent_row("holder", 30)
+    _silent_row("crashed", 120)
+    _silent_row("holder", 120)
     _hold(held, "holder")
-    _silent_row("retired", 30, stopped=True)
+    _silent_row("retired", 120, stopped=True)
     _silent_row("alive", 0)
-    done = command("runtime_workers", "--forget-stale")
+    done = command("runtime_workers", "--forget-stale", RUNTIME_LEASE_SECONDS="15")
     assert done.returncode == 0, done.stderr
     assert "forgot crashed" in done.stdout
     assert f"kept holder: holds {held}" in done.stdout
