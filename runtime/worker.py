@@ -35,9 +35,10 @@ from django.db.models.functions import Greatest
 from runtime import codec, conf, logs, metrics, registry, timers
 from runtime.coordinator import WAKE_CHANNEL, Lease
 from runtime.db import db_later, db_now, keep_usable
-from runtime.domain.model import EndCause, Message, RunState
+from runtime.domain.model import EndCause, RunState
 from runtime.errors import LeaseLost
 from runtime.loop import Frontier, ToolThread, drive
+from runtime.loop.driver import MESSAGE_COLUMNS, committed_message
 from runtime.models import MessageRecord, Run, Thread
 from runtime.operations import end_run
 from runtime.signals import commit_announced
@@ -107,6 +108,7 @@ def _claim_postgres(worker_id: str, ttl: Any, limit: int) -> list[Claim]:
     leases, and return each with its thread's version and committed messages (so the driver
     reads nothing before its first inference)."""
     run, thread, message = Run._meta.db_table, Thread._meta.db_table, MessageRecord._meta.db_table
+    columns = ", ".join(f"m.{name}" for name in MESSAGE_COLUMNS)
     with connection.cursor() as cursor:
         cursor.execute(
             f"WITH picked AS (SELECT id FROM {run} WHERE state = 'running' "
@@ -116,9 +118,8 @@ def _claim_postgres(worker_id: str, ttl: Any, limit: int) -> list[Claim]:
             "lease_epoch = r.lease_epoch + 1, claims = r.claims + 1 "
             f"FROM picked, {thread} AS t WHERE r.id = picked.id AND t.id = r.thread_id "
             "RETURNING r.id, r.thread_id, r.lease_epoch, r.claims, r.failures, r.snapshot, "
-            "r.metadata, t.version, (SELECT coalesce(jsonb_agg(jsonb_build_array(m.role, "
-            "m.content, m.tool_calls, m.tool_call_id, m.name) ORDER BY m.seq, m.idx), '[]') "
-            f"FROM {message} AS m WHERE m.thread_id = r.thread_id)",
+            f"r.metadata, t.version, (SELECT coalesce(jsonb_agg(jsonb_build_array({columns}) "
+            f"ORDER BY m.seq, m.idx), '[]') FROM {message} AS m WHERE m.thread_id = r.thread_id)",
             [limit, worker_id, ttl],
         )
         rows = cursor.fetchall()
@@ -141,20 +142,8 @@ def _claimed(worker_id: str, ttl: Any, row: tuple[Any, ...]) -> Claim:
             run=codec.load_run(snapshot),
             version=version,
             metadata=metadata or {},
-            messages=None if messages is None else [_message(m) for m in messages],
+            messages=None if messages is None else [committed_message(m) for m in messages],
         ),
-    )
-
-
-def _message(row: list[Any]) -> Message:
-    """A Message from the claim's ``[role, content, tool_calls, tool_call_id, name]``."""
-    role, content, tool_calls, tool_call_id, name = row
-    return Message(
-        role=role,
-        content=content,
-        tool_calls=tuple(tool_calls),
-        tool_call_id=tool_call_id,
-        name=name,
     )
 
 

@@ -15,7 +15,7 @@ commit of their own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -144,16 +144,8 @@ class RunDriver:
         """The thread's committed messages, read once per claim and then kept up to date."""
         if self.messages is None:
             thread_id = self.thread_id_of()
-            self.messages = [
-                Message(
-                    role=m.role,
-                    content=m.content,
-                    tool_calls=tuple(m.tool_calls),
-                    tool_call_id=m.tool_call_id,
-                    name=m.name,
-                )
-                for m in MessageRecord.objects.filter(thread_id=thread_id).order_by("seq", "idx")
-            ]
+            rows = MessageRecord.objects.filter(thread_id=thread_id).order_by("seq", "idx")
+            self.messages = [committed_message(row) for row in rows.values_list(*MESSAGE_COLUMNS)]
         return self.messages
 
     def stage_result(self, event: CallCompleted, attempt: int) -> None:
@@ -343,6 +335,22 @@ class RunDriver:
     def request(self, agent: Agent, run: RunView) -> Any:
         """The next inference request, from committed messages only (see infer.request)."""
         return infer.request(self, agent, run)
+
+
+# The columns of a committed message that a request is built from (a request carries no meta).
+MESSAGE_COLUMNS = ("role", "content", "tool_calls", "tool_call_id", "name")
+
+
+def committed_message(row: Sequence[Any]) -> Message:
+    """A Message from a row of MESSAGE_COLUMNS (read here, or returned by a claim)."""
+    role, content, tool_calls, tool_call_id, name = row
+    return Message(
+        role=role,
+        content=content,
+        tool_calls=tuple(tool_calls),
+        tool_call_id=tool_call_id,
+        name=name,
+    )
 
 
 def record_late(call_id: str, attempt: int, event: CallCompleted, worker_id: str) -> None:
