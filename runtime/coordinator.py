@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache, partial
@@ -746,12 +746,18 @@ def _upsert_sql(model: type[models.Model], update: tuple[str, ...]) -> str:
     return f"ON CONFLICT (id) DO UPDATE SET {sets}"
 
 
+@cache
+def _converters(model: type[models.Model]) -> tuple[tuple[str, str, Callable[[Any], Any]], ...]:
+    """(attname, column, to a database value) of every field an insert writes."""
+    return tuple((f.attname, _column(f), f.get_prep_value) for f in _fields(model))
+
+
 def _rows(rows: Sequence[_Row]) -> list[dict[str, Any]]:
     """Column values of ``rows``, as JSON the table's row type reads back."""
     return [
-        {_column(f): _json_value(f.get_prep_value(row.values[f.attname])) for f in fields}
+        {column: _json_value(prep(row.values[attname])) for attname, column, prep in converters}
         for row in rows
-        for fields in (_fields(row.model),)
+        for converters in (_converters(row.model),)
     ]
 
 
