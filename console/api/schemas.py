@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import AfterValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from runtime.untrusted import UntrustedJSONError, check_storable, text_problem
 
@@ -97,13 +97,32 @@ class ThreadIn(Schema):
     metadata: JsonObject = Field(default_factory=dict)
 
 
+def _input_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "text"
+    return "messages" if isinstance(value, list) else None
+
+
+# Text or messages, told apart by type, so an error names the one form that was sent
+# (``input.text``, ``input.messages.0.role``), not both.
+RunInput = Annotated[
+    Annotated[InputText, Tag("text")]
+    | Annotated[list[InputMessage], Field(min_length=1, max_length=100), Tag("messages")],
+    Discriminator(
+        _input_kind,
+        custom_error_type="input_type",
+        custom_error_message="input is text or a list of messages",
+    ),
+]
+
+
 class RunIn(Schema):
     """Start a run: the agent's name, its input (text or messages) and free-form metadata."""
 
     model_config = ConfigDict(extra="forbid")
 
     agent: AgentName
-    input: Annotated[list[InputMessage], Field(min_length=1, max_length=100)] | InputText
+    input: RunInput
     metadata: JsonObject = Field(
         default_factory=dict,
         description='free-form; {"script": {...}} drives the scripted model (demo agent)',

@@ -14,7 +14,15 @@ import json
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+)
 
 from runtime.errors import ScriptRefused
 from runtime.providers.base import (
@@ -56,19 +64,48 @@ class ErrorStep(_Strict):
     times: Annotated[int, Field(ge=1, le=100)] = 1
 
 
+def _step_kind(value: Any) -> str | None:
+    """Which step ``value`` is, by the key that only that kind has (None: no kind)."""
+    if isinstance(value, dict):
+        return next((key for key in ("error", "tool_calls", "text") if key in value), None)
+    return None
+
+
+# A step is judged as the one kind its keys name, so a bad step gets that kind's errors, not
+# every kind's.
+Step = Annotated[
+    Annotated[ErrorStep, Tag("error")]
+    | Annotated[ToolCallsStep, Tag("tool_calls")]
+    | Annotated[TextStep, Tag("text")],
+    Discriminator(
+        _step_kind,
+        custom_error_type="step_kind",
+        custom_error_message="a step is an object with text, tool_calls or error",
+    ),
+]
+
+
 class Script(_Strict):
-    steps: Annotated[list[TextStep | ToolCallsStep | ErrorStep], Field(max_length=1000)]
+    steps: Annotated[list[Step], Field(max_length=1000)]
 
 
 _SCRIPT = TypeAdapter(Script)
 
 
 def parse_script(data: Any) -> Script:
-    """Validate a script; raise ScriptRefused with the reasons."""
+    """Validate a script (a dict from run metadata); return it as a Script.
+
+    Raises ScriptRefused naming each problem by where it is (``steps.0.text: Field
+    required``); ``detail["errors"]`` lists them as ``{"loc": [...], "msg": str}``.
+    """
     try:
         return _SCRIPT.validate_python(data)
     except ValidationError as exc:
-        raise ScriptRefused(f"the script is malformed: {exc.errors(include_url=False)}") from exc
+        problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
+        said = "; ".join(
+            f"{'.'.join(map(str, p['loc'])) or 'script'}: {p['msg']}" for p in problems
+        )
+        raise ScriptRefused(f"the script is malformed: {said}", errors=problems) from exc
 
 
 def _responses(script: Script) -> list[tuple[list[ErrorStep], TextStep | ToolCallsStep]]:

@@ -43,6 +43,24 @@ def test_validation_errors_list_what_is_wrong(api):
     assert all(loc[:2] == ["body", "payload"] for loc in locations)
 
 
+@pytest.mark.parametrize(
+    ("given", "loc", "kind"),
+    [
+        (3, ["body", "payload", "input"], "input_type"),
+        ("nul \u0000", ["body", "payload", "input", "text"], "string_pattern_mismatch"),
+        (
+            [{"role": "tool", "content": "x"}],
+            ["body", "payload", "input", "messages", 0, "role"],
+            "literal_error",
+        ),
+    ],
+)
+def test_an_input_error_names_the_form_that_was_sent(api, given, loc, kind):
+    response = api.post("/runs", {"agent": "demo", "input": given})
+    assert response.status_code == 422
+    assert [(e["loc"], e["type"]) for e in error_of(response)["detail"]["errors"]] == [(loc, kind)]
+
+
 def test_an_unexpected_error_is_a_json_500(api, monkeypatch, caplog):
     def broken(run_id):
         raise RuntimeError("boom")
