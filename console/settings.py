@@ -94,12 +94,12 @@ def env_database(name: str, default: str) -> dj_database_url.DBConfig:
         # Tests start real worker subprocesses, which cannot see an in-memory database.
         config["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
     elif engine == "django.db.backends.postgresql":
-        # Parameters bound on the server let psycopg prepare a statement after its fifth run
-        # on a connection (psycopg's prepare_threshold), so the commit path's statements are
-        # parsed and planned once per worker connection, not on every commit (README,
-        # Performance). A pooler in transaction mode needs RUNTIME_DB_PREPARE=0.
+        # Parameters bound on the server let psycopg prepare a statement from its fifth run
+        # on a connection (Django turns preparing off unless told), so the commit path's
+        # statements are parsed and planned once per worker connection, not on every commit
+        # (README, Performance). A pooler in transaction mode needs RUNTIME_DB_PREPARE=0.
         if env_bool("RUNTIME_DB_PREPARE", True):
-            config["OPTIONS"] = {"server_side_binding": True}
+            config["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
     else:
         raise ImproperlyConfigured(f"{name} must point at SQLite or PostgreSQL, got {engine}")
     return config

@@ -121,6 +121,13 @@ def test_env_database_postgres(monkeypatch, scheme):
     # The SQLite-only options never leak into a PostgreSQL configuration.
     assert "transaction_mode" not in config.get("OPTIONS", {})
     assert "TEST" not in config
+    assert config["OPTIONS"] == {"server_side_binding": True, "prepare_threshold": 5}
+
+
+def test_env_database_postgres_without_prepared_statements(monkeypatch):
+    monkeypatch.setenv(VAR, "postgres://alice@db.internal:6432/runtime")
+    monkeypatch.setenv("RUNTIME_DB_PREPARE", "0")  # behind a pooler in transaction mode
+    assert "OPTIONS" not in env_database(VAR, "sqlite:///unused.sqlite3")
 
 
 @pytest.mark.parametrize(

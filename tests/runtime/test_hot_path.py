@@ -118,6 +118,23 @@ def test_a_wait_resume_and_cancel_are_one_statement_each(make_run, make_calls):
         assert counted.statements == 1
 
 
+@postgres_only
+def test_a_connection_prepares_the_commit_statement_once(make_run, make_calls):
+    """Parameters are bound on the server (RUNTIME_DB_PREPARE), so psycopg prepares a
+    statement from its fifth run on a connection: the commit is parsed and planned once."""
+    run = make_run()
+    head, view = _held(run.run_id)
+    commit(drafts.infer_tools(head, view, make_calls(8)))
+    for call in read_run(run.run_id).batches[-1].calls:
+        head, view = _held(run.run_id)
+        commit(drafts.complete(head, view, call.call_id), head=head, before=view)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH head AS%%'"
+        )
+        assert cursor.fetchone()[0] >= 1
+
+
 def test_a_demo_run_stays_within_its_budget(start, settings):
     """Start, claim, three ledger calls and a final answer: at most 20 statements on
     PostgreSQL and no new connection once the worker's connections are open."""
