@@ -94,12 +94,30 @@ def env_database(name: str, default: str) -> dj_database_url.DBConfig:
         # Tests start real worker subprocesses, which cannot see an in-memory database.
         config["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
     elif engine == "django.db.backends.postgresql":
+        options: dict[str, Any] = {}
         # Parameters bound on the server let psycopg prepare a statement from its fifth run
         # on a connection (Django turns preparing off unless told), so the commit path's
         # statements are parsed and planned once per worker connection, not on every commit
         # (README, Performance). A pooler in transaction mode needs RUNTIME_DB_PREPARE=0.
         if env_bool("RUNTIME_DB_PREPARE", True):
-            config["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
+            options.update(server_side_binding=True, prepare_threshold=5)
+        if pool_size := env_number("RUNTIME_DB_POOL_SIZE", 16, integer=True):
+            # Under ASGI every request runs on a thread of its own and closes its connection
+            # at the end: without a pool each request (and each read of an open stream)
+            # opened a new PostgreSQL session, which cost the database more than the queries
+            # (issue 12, item 8). Django's pool (psycopg_pool) lends connections instead; a
+            # request waits up to `timeout` seconds when `max_size` are lent. A worker's
+            # threads keep theirs for life, on room the worker adds
+            # (runtime.db.reserve_connections).
+            options["pool"] = {
+                "min_size": min(4, pool_size),
+                "max_size": pool_size,
+                "max_idle": 60,
+                "timeout": 30,
+            }
+            config["CONN_HEALTH_CHECKS"] = True  # a lent connection is checked first
+        if options:
+            config["OPTIONS"] = options
     else:
         raise ImproperlyConfigured(f"{name} must point at SQLite or PostgreSQL, got {engine}")
     return config
@@ -177,13 +195,23 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
+    # redis-py 8 reads with a 5 s socket timeout by default, the same 5 s that channels_redis
+    # blocks in BZPOPMIN: an idle receive() (a live viewer waiting for a token) would fail
+    # with "Timeout reading from ...". Read for longer than that.
+    REDIS_HOST: dict[str, Any] = {"address": REDIS_URL, "socket_timeout": 30}
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:  # a redis-py without it looks its version up its own way
+        pass
+    else:
+        # Left to itself, redis-py reads its own version from the installed package's
+        # metadata (files on disk) for every new connection; 50 streams opening at once open
+        # as many, on the event loop (issue 12, item 8). The same name and version, read once.
+        REDIS_HOST["driver_info"] = DriverInfo()
     CHANNEL_LAYERS: dict[str, dict[str, Any]] = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # redis-py 8 reads with a 5 s socket timeout by default, the same 5 s that
-            # channels_redis blocks in BZPOPMIN: an idle receive() (a live viewer waiting for a
-            # token) would fail with "Timeout reading from ...". Read for longer than that.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}]},
+            "CONFIG": {"hosts": [REDIS_HOST]},
         }
     }
 else:

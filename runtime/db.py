@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Expression, Value
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -24,6 +24,25 @@ def keep_usable() -> None:
             connection.close()
         else:
             connection.errors_occurred = False
+
+
+def reserve_connections(count: int) -> None:
+    """Make room in this process's connection pool for ``count`` more threads that keep a
+    connection for their whole life (a worker's), so they neither wait for the connections
+    that requests borrow nor leave requests waiting. Without a pool (SQLite, or
+    RUNTIME_DB_POOL_SIZE=0) there is nothing to do."""
+    pool = getattr(connections[DEFAULT_DB_ALIAS], "pool", None)
+    if pool is not None:
+        pool.resize(pool.min_size, pool.max_size + count)
+
+
+def open_pool() -> None:
+    """Open this process's connection pool now: its ``min_size`` connections are made in the
+    background, so the first requests after a start (every client reconnecting at once) do
+    not wait for connections that the pool, once short, makes one at a time."""
+    pool = getattr(connections[DEFAULT_DB_ALIAS], "pool", None)
+    if pool is not None:
+        pool.open()
 
 
 def db_now() -> Expression:

@@ -34,7 +34,7 @@ from django.db.models.functions import Greatest
 
 from runtime import codec, conf, logs, metrics, registry, timers
 from runtime.coordinator import WAKE_CHANNEL, Lease
-from runtime.db import db_later, db_now, keep_usable
+from runtime.db import db_later, db_now, keep_usable, reserve_connections
 from runtime.domain.model import EndCause, RunState
 from runtime.errors import LeaseLost
 from runtime.loop import Frontier, ToolThread, drive
@@ -392,6 +392,9 @@ class Worker:
 
     def run(self) -> None:
         """Run the loops in threads until stopped, or until idle with ``until_idle``."""
+        # Each loop and its tool thread (one more while an abandoned call finishes), the
+        # heartbeat, the registry and this thread keep a connection for their whole life.
+        reserve_connections(3 * self.concurrency + 3)
         commit_announced.connect(self._on_commit, weak=False, dispatch_uid=id(self))
         registration = registry.start(self.worker_id, self.concurrency)
         if connection.vendor == "postgresql":

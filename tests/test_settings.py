@@ -15,6 +15,8 @@ VAR = "RUNTIME_TEST_SETTINGS_VAR"
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(VAR, raising=False)
+    monkeypatch.delenv("RUNTIME_DB_PREPARE", raising=False)
+    monkeypatch.delenv("RUNTIME_DB_POOL_SIZE", raising=False)
 
 
 # --- env_bool ------------------------------------------------------------------------------
@@ -121,13 +123,37 @@ def test_env_database_postgres(monkeypatch, scheme):
     # The SQLite-only options never leak into a PostgreSQL configuration.
     assert "transaction_mode" not in config.get("OPTIONS", {})
     assert "TEST" not in config
-    assert config["OPTIONS"] == {"server_side_binding": True, "prepare_threshold": 5}
+    prepared = {k: v for k, v in config["OPTIONS"].items() if k != "pool"}  # pool: below
+    assert prepared == {"server_side_binding": True, "prepare_threshold": 5}
 
 
 def test_env_database_postgres_without_prepared_statements(monkeypatch):
     monkeypatch.setenv(VAR, "postgres://alice@db.internal:6432/runtime")
     monkeypatch.setenv("RUNTIME_DB_PREPARE", "0")  # behind a pooler in transaction mode
+    options = env_database(VAR, "sqlite:///unused.sqlite3").get("OPTIONS", {})
+    assert "server_side_binding" not in options and "prepare_threshold" not in options
+    monkeypatch.setenv("RUNTIME_DB_POOL_SIZE", "0")  # and a connection per request
     assert "OPTIONS" not in env_database(VAR, "sqlite:///unused.sqlite3")
+
+
+def test_env_database_postgres_lends_pooled_connections(monkeypatch):
+    """Django's pool (psycopg_pool) by default; RUNTIME_DB_POOL_SIZE sizes it, 0 turns it off
+    (a connection per request again)."""
+    monkeypatch.setenv(VAR, "postgres://db.internal/runtime")
+    monkeypatch.delenv("RUNTIME_DB_POOL_SIZE", raising=False)
+    config = env_database(VAR, "sqlite:///unused.sqlite3")
+    pool = config["OPTIONS"]["pool"]
+    assert (pool["min_size"], pool["max_size"]) == (4, 16)
+    assert config["CONN_MAX_AGE"] == 0  # Django's pool requires it
+    assert config["CONN_HEALTH_CHECKS"] is True
+    monkeypatch.setenv("RUNTIME_DB_POOL_SIZE", "2")
+    pool = env_database(VAR, "sqlite:///unused.sqlite3")["OPTIONS"]["pool"]
+    assert (pool["min_size"], pool["max_size"]) == (2, 2)
+    monkeypatch.setenv("RUNTIME_DB_POOL_SIZE", "0")
+    assert "pool" not in env_database(VAR, "sqlite:///unused.sqlite3").get("OPTIONS", {})
+    monkeypatch.setenv("RUNTIME_DB_POOL_SIZE", "-1")
+    with pytest.raises(ImproperlyConfigured, match="RUNTIME_DB_POOL_SIZE"):
+        env_database(VAR, "sqlite:///unused.sqlite3")
 
 
 @pytest.mark.parametrize(

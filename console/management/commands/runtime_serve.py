@@ -1,14 +1,18 @@
 """``manage.py runtime_serve``: the console, the API and an in-process worker.
 
 daphne serves HTTP and WebSockets; a worker drives runs on threads of the first process (its
-commits wake it through the in-process signal). Under ASGI, Django runs every sync view of a
-process on one thread, so one process answers one sync request at a time: with
-``--processes N`` the command binds the listening socket once and serves it from N daphne
-processes (the first one, plus N-1 children started with ``--fd``), and the kernel spreads
-connections among them. The default ``auto`` serves with one process per CPU (at most 4)
-when the channel layer is shared (``REDIS_URL``) and the platform can hand a socket to a
-child (POSIX); with the in-memory layer it serves with one, because live deltas published
-in one process reach only the viewers connected to that same process.
+commits wake it through the in-process signal). Under ASGI, Django answers each request on a
+thread of its own, but the threads of a process share one interpreter, so a process uses
+about one core however many requests it has: with ``--processes N`` the command binds the
+listening socket once and serves it from N daphne processes (the first one, plus N-1
+children started with ``--fd``), and the kernel spreads connections among them. The
+default ``auto`` serves with one process per CPU (at most 4) when the channel layer is
+shared (``REDIS_URL``) and the platform can hand a socket to a child (POSIX); with the
+in-memory layer it serves with one, because live deltas published in one process reach only
+the viewers connected to that same process.
+
+Each process opens its database connection pool before it serves (``runtime.db.open_pool``),
+so the first requests after a start do not wait for connections made one at a time.
 
 The address is bound before anything else starts: a busy port stops the command (exit 1, with
 a message naming the address) before a worker registers. Stop with Ctrl-C or SIGTERM: the
@@ -33,6 +37,7 @@ from daphne.server import Server
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from runtime.db import open_pool
 from runtime.worker import Worker
 
 MAX_AUTO_PROCESSES = 4
@@ -177,6 +182,7 @@ class Command(BaseCommand):
         return [f"fd:fileno={sock.fileno()}{domain}"]
 
     def serve(self, endpoints: list[str]) -> None:
+        open_pool()  # before the first request, in every process
         Server(
             application=get_default_application(), endpoints=endpoints, signal_handlers=True
         ).run()
