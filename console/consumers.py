@@ -13,8 +13,10 @@ in-memory layer cannot reach it, so each consumer also looks at the log every
 Such a notice carries the run's committed ``seq`` and ``state`` like a real one, so a page
 that already saw that commit ignores it (a notice without them once reset the live panel).
 Every ``ACCESS_SECONDS`` it reads its user afresh and closes with 4403 once the user is
-deactivated or no longer may read (issue 12: a removed viewer kept an open socket). These
-reads run on the thread pool, not on the one thread that serves the process's sync views.
+deactivated or no longer may read (issue 12: a removed viewer kept an open socket); the
+sockets of one user share that read (one per user and process every ACCESS_FRESH seconds).
+These reads run on the thread pool, not on the one thread that serves the process's sync
+views.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, TypedDict
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth import get_user_model
 
-from console.db import off_loop
+from console.db import SharedAnswers, off_loop
 from console.models import READ
 from runtime.live import ALL_RUNS_GROUP, bind_to_running_loop, run_group
 from runtime.models import Run, StreamCheckpoint, ThreadCommit
@@ -39,6 +41,8 @@ NOT_FOUND = 4404
 FORBIDDEN = 4403
 WATCH_SECONDS = 1.0
 ACCESS_SECONDS = 2.0
+ACCESS_FRESH = 1.0  # how old a shared answer may be: a removed viewer is closed within 3 s
+_ACCESS = SharedAnswers(fresh=ACCESS_FRESH)
 
 
 @off_loop
@@ -107,7 +111,7 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
             while True:
                 await asyncio.sleep(WATCH_SECONDS)
                 if time.monotonic() >= next_access:
-                    if not await _may_still_read(user_pk):
+                    if not await _ACCESS.ask(user_pk, lambda: _may_still_read(user_pk)):
                         await self.close(code=FORBIDDEN)
                         return
                     next_access = time.monotonic() + ACCESS_SECONDS

@@ -10,9 +10,11 @@ cannot reach an in-memory layer. Database reads run on the thread pool, never on
 loop and never on the one thread Django gives sync views, so open streams do not queue the
 process's other requests behind their polls (issue 12, item 8). Every ACCESS_SECONDS the
 stream checks that its token is still unrevoked and its user active and allowed to read;
-when not, the stream ends. With ``?live=1`` the stream also forwards the group's
-``run.delta`` messages as ``delta`` events flagged ``"confirmed": false`` and without an id:
-they are not thread truth and are never replayed. The stream ends after the run's Ended
+when not, the stream ends. The streams of one token share that check (``_ACCESS``: one read
+per token and process every ACCESS_FRESH seconds, however many streams it has open). With
+``?live=1`` the stream also forwards the group's ``run.delta`` messages as ``delta`` events
+flagged ``"confirmed": false`` and without an id: they are not thread truth and are never
+replayed. The stream ends after the run's Ended
 commit (then an ``end`` event); a client that already has it gets 204, which also stops a
 browser's EventSource from reconnecting.
 """
@@ -26,8 +28,8 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from channels.layers import BaseChannelLayer, get_channel_layer
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from ninja import Field, Header, Query, Router, Schema
 
@@ -35,7 +37,7 @@ from console.api.auth import read_auth, token_still_allows
 from console.api.documents import commit_document, ends_run
 from console.api.errors import errors
 from console.api.schemas import MAX_SEQ, Id
-from console.db import off_loop
+from console.db import SharedAnswers, off_loop
 from console.models import READ
 from runtime.errors import NotFound
 from runtime.live import bind_to_running_loop, run_group
@@ -44,7 +46,8 @@ from runtime.models import Run, ThreadCommit
 router = Router(tags=["runs"])
 
 POLL_SECONDS = 0.25  # the longest a commit from another process waits to be seen
-ACCESS_SECONDS = 2.0  # the longest a revoked token or removed reader keeps its stream
+ACCESS_SECONDS = 2.0  # how often a stream asks whether its token still may read
+ACCESS_FRESH = 1.0  # how old a shared answer may be: a revoked token's streams end within 3 s
 DRAIN_SECONDS = 0.05  # before the Ended commit: the wait for a delta still in transit
 KEEPALIVE_SECONDS = 15.0  # a comment line keeps proxies from closing an idle stream
 BATCH = 200  # commits read per query while catching up
@@ -107,9 +110,15 @@ def sse(*, event: str, data: dict[str, Any], id: int | None = None) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-@sync_to_async  # once per stream, before it starts: the request's own thread is fine
 def _run_position(run_id: str) -> tuple[str, int]:
-    row = Run.objects.filter(id=run_id).values_list("state", "version").first()
+    """The run's state and version; raises NotFound. Then the request's thread gives back
+    the connection its authentication and this read used: Django would close it only when
+    the response ends, so every open stream would hold one (the stream reads off_loop)."""
+    try:
+        row = Run.objects.filter(id=run_id).values_list("state", "version").first()
+    finally:
+        if not connection.in_atomic_block:  # a test's transaction is not ours to end
+            connection.close()
     if row is None:
         raise NotFound(f"run {run_id} does not exist")
     return row
@@ -124,6 +133,9 @@ def _commits_after(run_id: str, cursor: int) -> list[dict[str, Any]]:
 @off_loop
 def _versions(run_ids: list[str]) -> dict[str, int]:
     return dict(Run.objects.filter(id__in=run_ids).values_list("id", "version"))
+
+
+_ACCESS = SharedAnswers(fresh=ACCESS_FRESH)
 
 
 class _Watch:
@@ -326,21 +338,28 @@ async def _catch_up(
         }
     },
 )
-async def run_events(
+def run_events(
     request: HttpRequest,
     run_id: Id,
     query: Query[EventsQuery],
     last_event_id: int | None = Header(None, alias="Last-Event-ID", ge=0, le=MAX_SEQ),
 ) -> HttpResponse | StreamingHttpResponse:
     """Committed facts as they are committed; resume with ``Last-Event-ID`` (or ``?after=``)."""
-    state, version = await _run_position(run_id)
+    # A sync view: authentication and this read run on the request's thread with the rest
+    # of the request, in one hand-over from the event loop; the stream it returns is async,
+    # and Django's ASGI handler iterates it on the loop.
+    state, version = _run_position(run_id)
     cursor = last_event_id if last_event_id is not None else (query.after or 0)
     if state == "ended" and cursor >= version:
         return HttpResponse(status=204)
     token_id = getattr(request, "api_token_id", None)
 
     async def allowed() -> bool:
-        return token_id is not None and await off_loop(token_still_allows)(token_id, READ)
+        if token_id is None:
+            return False
+        return await _ACCESS.ask(
+            (token_id, READ), lambda: off_loop(token_still_allows)(token_id, READ)
+        )
 
     response = StreamingHttpResponse(
         stream_run(run_id, cursor=cursor, live=query.live, timeout=query.timeout, allowed=allowed),

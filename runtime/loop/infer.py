@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from django.utils import timezone
+
 from runtime import conf, live, metrics
 from runtime.agents import Agent
 from runtime.crash import crash_point
@@ -169,12 +171,19 @@ def _checkpoint(d: RunDriver, step: int) -> Mapping[str, Any] | None:
 
 
 def _save_checkpoint(d: RunDriver, step: int, attempt: int, text: str, calls: list[dict]) -> None:
-    """Best effort: a failure to write the checkpoint never fails the run (seed)."""
+    """Best effort: a failure to write the checkpoint never fails the run (seed).
+
+    One UPDATE while the run's checkpoint exists, an INSERT the first time: a stream writes
+    one every few deltas (the scripted model's slow stream, every delta), and
+    update_or_create's transaction with a locking read took four statements each, in the
+    process that may also serve viewers (issue 12, item 8). The
+    run's lease keeps a second writer away; a lost race is an IntegrityError, logged below.
+    """
+    fields = {"step": step, "attempt": attempt, "text": text, "tool_calls": calls}
     try:
-        StreamCheckpoint.objects.update_or_create(
-            run_id=d.run_id,
-            defaults={"step": step, "attempt": attempt, "text": text, "tool_calls": calls},
-        )
+        stamped = {**fields, "updated_at": timezone.now()}  # update() skips auto_now
+        if not StreamCheckpoint.objects.filter(run_id=d.run_id).update(**stamped):
+            StreamCheckpoint.objects.create(run_id=d.run_id, **fields)
     except Exception:
         log.warning("run %s: checkpoint write failed", d.run_id, exc_info=True)
 

@@ -1,9 +1,11 @@
 """Open event streams do not hold up the process's other requests (issue 12, item 8).
 
-Two properties: idle streams cost the process one look at the log per poll interval, not one
-per stream (so 50 open streams do not eat the CPU that requests need); and a request is
-answered while the streams' own reads are stuck (the commit log locked with PostgreSQL's
-``LOCK TABLE``), so nothing a stream reads can queue a request of the same process.
+Idle streams cost the process one look at the log per poll interval, not one per stream, and
+the streams of one token one access check per ACCESS_FRESH, not one per stream (so 50 open
+streams do not eat the CPU that requests need); a request is answered while the streams'
+own reads are stuck (the commit log locked with PostgreSQL's ``LOCK TABLE``), so nothing a
+stream reads can queue a request of the same process; an open stream holds no database
+connection; a request crosses from the event loop to its thread once.
 """
 
 from __future__ import annotations
@@ -11,15 +13,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import connection, connections, transaction
 from django.db.backends.signals import connection_created
 
 from console.api.events import POLL_SECONDS, stream_run
+from console.asgi import OneHopASGIHandler
+from console.db import SharedAnswers
+from runtime.db import reserve_connections
 from tests.api.conftest import APPROVAL, BASE, drive
+from tests.servers import serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,3 +96,142 @@ async def test_idle_streams_share_one_look_at_the_log(start) -> None:
         await sync_to_async(connections.close_all)()
     # One look per interval for all the idle streams (not one per stream), with some slack.
     assert 1 <= reads[0] <= 8 + 4, f"{reads[0]} reads for {len(runs)} idle streams in 8 polls"
+
+
+@pytest.mark.asyncio
+async def test_one_access_check_answers_every_stream_that_asks_within_fresh() -> None:
+    checks: list[str] = []
+    answer = [True]
+
+    async def check() -> bool:
+        checks.append("read")
+        await asyncio.sleep(0.05)
+        return answer[0]
+
+    shared = SharedAnswers(fresh=0.3)
+    assert await asyncio.gather(*(shared.ask("token-1", check) for _ in range(50))) == [True] * 50
+    assert len(checks) == 1  # 50 streams, one read
+    assert await shared.ask("token-2", check) is True
+    assert len(checks) == 2  # another question is asked on its own
+    answer[0] = False
+    assert await shared.ask("token-1", check) is True  # still fresh
+    await asyncio.sleep(0.3)
+    assert await shared.ask("token-1", check) is False  # no answer older than ``fresh``
+    assert len(checks) == 3
+
+
+@pytest.mark.asyncio
+async def test_a_failed_access_check_is_asked_again() -> None:
+    calls = [0]
+
+    async def check() -> bool:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("the database blinked")
+        return True
+
+    shared = SharedAnswers(fresh=60)
+    with pytest.raises(RuntimeError):
+        await shared.ask("token", check)
+    assert await shared.ask("token", check) is True
+    assert calls[0] == 2
+
+
+def test_an_open_stream_holds_no_database_connection(
+    make_user, start, subprocess_env, tmp_path
+) -> None:
+    """Served without a pool (RUNTIME_DB_POOL_SIZE=0), every connection the server keeps is
+    one a request holds: 10 open, idle streams keep (about) none, not one each."""
+    if connection.vendor != "postgresql":
+        pytest.skip("counts the server's sessions in pg_stat_activity")
+    _, token = make_user("stella", "read")
+    headers = {"Authorization": f"Bearer {token}"}
+    runs = [start(APPROVAL) for _ in range(STREAMS * 2)]
+    drive()
+
+    def sessions() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            )
+            return cursor.fetchone()[0]
+
+    opened = threading.Semaphore(0)
+    env = {**subprocess_env, "RUNTIME_DB_POOL_SIZE": "0"}
+    with serving(env, tmp_path / "daphne.log") as url:
+
+        def follow(run_id: str) -> None:
+            events = f"{url}{BASE}/runs/{run_id}/events?timeout=5"
+            with httpx.stream("GET", events, headers=headers, timeout=60) as response:
+                opened.release()
+                for _ in response.iter_text():
+                    pass
+
+        before = sessions()
+        readers = [threading.Thread(target=follow, args=(r["id"],), daemon=True) for r in runs]
+        for reader in readers:
+            reader.start()
+        for _ in runs:
+            assert opened.acquire(timeout=30)
+        time.sleep(1)  # every stream has read its commits and waits
+        during = sessions() - before
+        for reader in readers:
+            reader.join(30)
+    # At most a read in flight (the watch's look at the log), never one per stream.
+    assert during <= 2, f"{during} connections held by {len(runs)} open streams"
+
+
+def test_the_middleware_chain_is_entered_once_per_request() -> None:
+    """Django's handler, built for async, hands a request between the loop and its thread
+    at every middleware; ours builds the chain for sync code and enters it once."""
+    handler: Any = OneHopASGIHandler()  # its chain and view middleware are private
+    chain = handler._middleware_chain
+    assert asyncio.iscoroutinefunction(chain)  # what ASGIHandler awaits
+    assert isinstance(chain, SyncToAsync)  # the one hand-over to the request's thread ...
+    assert not asyncio.iscoroutinefunction(chain.func)  # ... of the whole sync chain
+    view_middleware = handler._view_middleware  # Django's would be adapted to async
+    assert view_middleware and not any(asyncio.iscoroutinefunction(m) for m in view_middleware)
+
+
+@pytest.mark.asyncio
+async def test_the_one_hop_handler_answers_requests(make_user) -> None:
+    from asgiref.testing import ApplicationCommunicator
+
+    _, token = await sync_to_async(make_user)("hop", "read")
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": f"{BASE}/runs",
+        "raw_path": f"{BASE}/runs".encode(),
+        "query_string": b"limit=5",
+        "headers": [(b"host", b"testserver"), (b"authorization", f"Bearer {token}".encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+    }
+    app = ApplicationCommunicator(OneHopASGIHandler(), scope)
+    try:
+        await app.send_input({"type": "http.request", "body": b""})
+        start = await app.receive_output(10)
+        body = await app.receive_output(10)
+        await app.wait(10)  # the request has finished (and given its connection back)
+    finally:
+        await sync_to_async(connections.close_all)()  # make_user's thread's connection
+    assert start["status"] == 200, body
+    assert b'"items"' in body["body"]
+    assert any(name.lower() == b"x-request-id" for name, _ in start["headers"])
+
+
+def test_a_worker_makes_room_in_the_pool_for_its_threads() -> None:
+    pool = getattr(connections["default"], "pool", None)
+    if pool is None:
+        pytest.skip("no connection pool (SQLite, or RUNTIME_DB_POOL_SIZE=0)")
+    before = pool.max_size
+    try:
+        reserve_connections(7)
+        assert pool.max_size == before + 7
+    finally:
+        pool.resize(pool.min_size, before)
