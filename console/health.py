@@ -1,9 +1,10 @@
 """Probes for load balancers and the Prometheus scrape endpoint.
 
 - ``/healthz``: the process is up and serving (no I/O): 200 ``{"status": "ok"}``.
-- ``/readyz``: the database answers, every migration is applied and the channel layer
-  answers: 200 ``{"status": "ready", "checks": {...}}``, else 503 with the failing check's
-  reason (``"checks": {"database": "ok", "migrations": "2 unapplied: ...", ...}``).
+- ``/readyz``: the database answers, every migration is applied, the channel layer
+  answers and the console's static files have URLs (collected, with a manifest): 200
+  ``{"status": "ready", "checks": {...}}``, else 503 with the failing check's reason
+  (``"checks": {"database": "ok", "migrations": "2 unapplied: ...", ...}``).
 - ``/metrics``: the Prometheus text format of this process (runtime.metrics), guarded by
   RUNTIME_METRICS: ``loopback`` (default: only from 127.0.0.1 / ::1), ``open`` or ``off``
   (404); with RUNTIME_METRICS_TOKEN set, a request must carry ``Authorization: Bearer
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.contrib.staticfiles.storage import staticfiles_storage
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -71,10 +73,21 @@ def check_channel_layer() -> str:
     return "ok"
 
 
+def check_static_files() -> str:
+    """ "ok" when the console's stylesheet has a URL; raises when the static files storage
+    cannot name it (RUNTIME_STATIC_MANIFEST=1 before ``manage.py collectstatic``: every
+    console page would be a 500)."""
+    staticfiles_storage.url(PROBE_STATIC)
+    return "ok"
+
+
+PROBE_STATIC = "console/console.css"  # every console page links it
+
 CHECKS: dict[str, Callable[[], str]] = {
     "database": check_database,
     "migrations": check_migrations,
     "channel_layer": check_channel_layer,
+    "static_files": check_static_files,
 }
 
 

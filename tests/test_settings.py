@@ -1,8 +1,13 @@
-"""The environment helpers in console.settings: pure tests, no database."""
+"""The environment helpers in console.settings: pure tests, no database (one starts
+``manage.py`` to see how a bad setting is reported)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -219,3 +224,17 @@ def test_env_mcp_servers_refuses_naming_the_variable(monkeypatch, raw, problem):
     with pytest.raises(ImproperlyConfigured, match=VAR) as caught:
         env_mcp_servers(VAR)
     assert problem in str(caught.value)
+
+
+def test_a_bad_setting_stops_manage_py_with_one_line(tmp_path):
+    env = {**os.environ, "RUNTIME_LEASE_SECONDS": "abc", "RUNTIME_VAR_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert done.stderr == "error: RUNTIME_LEASE_SECONDS must be a number, got 'abc'\n"

@@ -81,6 +81,15 @@ def _jsonable(detail: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(detail, default=str))
 
 
+def _body_relative(error: dict[str, Any]) -> dict[str, Any]:
+    """A validation error whose ``loc`` leads from the body itself (``["body", "input"]``),
+    without the name of the view's parameter that ninja puts second (``"payload"``)."""
+    loc = list(error.get("loc", ()))
+    if len(loc) >= 2 and loc[0] == "body":
+        return {**error, "loc": [loc[0], *loc[2:]]}
+    return error
+
+
 def errors(*statuses: int) -> dict[int, type[ErrorOut]]:
     """The documented error responses of an operation: ``{status: ErrorOut}``."""
     return dict.fromkeys(statuses, ErrorOut)
@@ -99,7 +108,7 @@ def install(api: NinjaAPI) -> None:
             422,
             "validation_error",
             "the request does not match the schema",
-            _jsonable({"errors": exc.errors}),
+            _jsonable({"errors": [_body_relative(error) for error in exc.errors]}),
         )
 
     @api.exception_handler(AuthenticationError)

@@ -101,11 +101,19 @@ def parse_script(data: Any) -> Script:
     try:
         return _SCRIPT.validate_python(data)
     except ValidationError as exc:
-        problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
+        problems = [{"loc": _where(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
         said = "; ".join(
             f"{'.'.join(map(str, p['loc'])) or 'script'}: {p['msg']}" for p in problems
         )
         raise ScriptRefused(f"the script is malformed: {said}", errors=problems) from exc
+
+
+def _where(loc: tuple[int | str, ...]) -> list[int | str]:
+    """An error's place in the script, without the kind a step was judged as (its own key
+    already says it: ``steps.0.tool_calls.0.name``, not ``steps.0.tool_calls.tool_calls...``)."""
+    if len(loc) > 2 and loc[0] == "steps" and loc[2] in ("error", "tool_calls", "text"):
+        return [*loc[:2], *loc[3:]]
+    return list(loc)
 
 
 def _responses(script: Script) -> list[tuple[list[ErrorStep], TextStep | ToolCallsStep]]:

@@ -88,12 +88,7 @@ def test_a_script_refusal_names_each_problem_where_it_is(api):
     body = {"agent": "demo", "input": "x", "metadata": {"script": {"steps": steps}}}
     error = error_of(api.post("/runs", body))
     locations = [problem["loc"] for problem in error["detail"]["errors"]]
-    # each step is judged as the kind its keys name (the second item of its loc)
-    assert locations == [
-        ["steps", 1, "tool_calls", "tool_calls"],
-        ["steps", 2, "error", "error"],
-        ["steps", 3],
-    ]
+    assert locations == [["steps", 1, "tool_calls"], ["steps", 2, "error"], ["steps", 3]]
     assert "steps.3: a step is an object with text, tool_calls or error" in error["message"]
     assert "{'type'" not in error["message"]  # readable text, not a Python repr
 

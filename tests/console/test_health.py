@@ -33,7 +33,12 @@ def test_readyz_checks_database_migrations_and_channel_layer():
     assert response.status_code == 200, response.json()
     assert response.json() == {
         "status": "ready",
-        "checks": {"database": "ok", "migrations": "ok", "channel_layer": "ok"},
+        "checks": {
+            "database": "ok",
+            "migrations": "ok",
+            "channel_layer": "ok",
+            "static_files": "ok",
+        },
     }
 
 
@@ -44,6 +49,19 @@ def test_readyz_names_an_unapplied_migration():
     unapplied = "RuntimeError: 1 unapplied: runtime.0006_deleg"
     assert response.json()["checks"]["migrations"] == unapplied
     assert response.json()["checks"]["database"] == "ok"
+
+
+def test_readyz_fails_when_static_files_were_not_collected(settings, tmp_path):
+    """With the manifest storage of production and no collectstatic, every console page is
+    a 500: the process is not ready."""
+    settings.STATIC_ROOT = tmp_path
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
+    response = Client().get("/readyz")
+    assert response.status_code == 503
+    assert "console/console.css" in response.json()["checks"]["static_files"]
 
 
 def test_readyz_fails_when_redis_is_unreachable(settings):
