@@ -67,8 +67,8 @@ def _flush_keeps_reference_rows() -> None:
     included (``ensure_groups`` re-creates them); the tables kept reference no other table.
     """
     from django.core.management.commands import flush
+    from django.core.management.sql import sql_flush  # what flush calls, by that name
 
-    sql_flush = flush.sql_flush
     handle = flush.Command.handle
 
     def sql_flush_kept(style, connection, reset_sequences=True, allow_cascade=False):
