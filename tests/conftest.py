@@ -115,7 +115,12 @@ def django_db_setup(django_db_setup: None, django_db_blocker) -> None:
         with connection.cursor() as cursor:
             name = connection.ops.quote_name(connection.settings_dict["NAME"])
             cursor.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")
-        connection.close()  # the next session of this process opens with the new default
+        # The next session of this process opens with the new default; so do the pooled ones
+        # when settings give PostgreSQL a connection pool (its sessions predate the ALTER).
+        connection.close()
+        close_pool = getattr(connection, "close_pool", None)
+        if close_pool is not None:
+            close_pool()
 
 
 # -- what the run uses: said in the header, per xdist worker --------------------------------------
