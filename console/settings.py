@@ -134,7 +134,8 @@ ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
-    "daphne",
+    # Before staticfiles: its runserver (ASGI, WebSockets) wins. See the class for why not "daphne".
+    "console.apps.DaphneConfig",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
