@@ -122,14 +122,18 @@ def fresh_commits(worker_id: str) -> tuple[datetime, datetime, int]:
 
 
 def outcome() -> dict[str, int]:
-    """Runs per (state, end cause), and ledger effects applied more than once."""
+    """Runs per (state, end cause), and ledger effects applied more than once: by policy
+    (``ledger_replay``: a replay-safe call re-run after its worker died mid-effect) and
+    beyond it (any other tool: must be 0)."""
     from django.db.models import Count
 
     from runtime.models import LedgerEffect, Run
 
     rows = Run.objects.values("state", "end_cause").annotate(n=Count("id"))
     result = {f"{r['state']}/{r['end_cause'] or '-'}": r["n"] for r in rows}
-    result["effects applied twice or more"] = LedgerEffect.objects.filter(applied__gt=1).count()
+    repeated = LedgerEffect.objects.filter(applied__gt=1)
+    result["effects applied again by replay policy"] = repeated.filter(tool="ledger_replay").count()
+    result["effects applied twice beyond policy"] = repeated.exclude(tool="ledger_replay").count()
     return result
 
 
