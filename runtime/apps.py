@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
 
 
 class RuntimeConfig(AppConfig):
@@ -9,6 +10,16 @@ class RuntimeConfig(AppConfig):
         from runtime.signals import commit_announced
 
         commit_announced.connect(forward_commits, weak=False, dispatch_uid="runtime.live.forward")
+        connection_created.connect(replan_after_schema_change, dispatch_uid="runtime.db.replan")
+
+
+def replan_after_schema_change(sender, connection, **kwargs) -> None:
+    """Give every PostgreSQL connection the wrapper that re-prepares its statements after a
+    column changed type under them (runtime.db.replan_stale)."""
+    from runtime.db import replan_stale
+
+    if connection.vendor == "postgresql" and replan_stale not in connection.execute_wrappers:
+        connection.execute_wrappers.append(replan_stale)
 
 
 def forward_commits(sender, notice, **kwargs) -> None:

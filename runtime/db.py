@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, NotSupportedError, connection, connections
 from django.db.models import Expression, Value
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -24,6 +24,29 @@ def keep_usable() -> None:
             connection.close()
         else:
             connection.errors_occurred = False
+
+
+STALE_PLAN = "cached plan must not change result type"
+
+
+def replan_stale(execute, sql, params, many, context):
+    """An ``execute_wrapper`` for PostgreSQL: retry a statement once, after dropping the
+    connection's prepared statements, when PostgreSQL refused it because a migration changed
+    the type of a column it returns since it was prepared (``RUNTIME_DB_PREPARE``).
+
+    Only outside a transaction: inside one the error aborts it, and the rollback drops the
+    prepared statements for the next one (psycopg clears its cache on rollback). Returns what
+    ``execute`` returns; raises what it raises otherwise.
+    """
+    try:
+        return execute(sql, params, many, context)
+    except NotSupportedError as exc:
+        wrapper = context["connection"]
+        if STALE_PLAN not in str(exc) or not wrapper.get_autocommit():
+            raise
+        # Sent through psycopg, so that it forgets its own names of them too.
+        wrapper.connection.execute("DEALLOCATE ALL")
+        return execute(sql, params, many, context)
 
 
 def reserve_connections(count: int) -> None:

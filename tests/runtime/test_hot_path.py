@@ -135,6 +135,27 @@ def test_a_connection_prepares_the_commit_statement_once(make_run, make_calls):
         assert cursor.fetchone()[0] >= 1
 
 
+@postgres_only
+def test_a_column_type_change_does_not_break_prepared_statements(make_run):
+    """A migration on another connection changes the type of a column that a prepared
+    statement returns: the next run of that statement is re-prepared, not refused ("cached
+    plan must not change result type") until the process restarts."""
+    import psycopg
+
+    from runtime.models import Run
+    from tests.subprocesses import subprocess_database_url
+
+    run = make_run()
+    for _ in range(6):  # prepared from the fifth run on this connection
+        assert Run.objects.filter(id=run.run_id).values_list("step", flat=True).get() == 0
+    with psycopg.connect(subprocess_database_url(), autocommit=True) as migration:
+        migration.execute("ALTER TABLE runtime_run ALTER COLUMN step TYPE bigint")
+        try:
+            assert Run.objects.filter(id=run.run_id).values_list("step", flat=True).get() == 0
+        finally:
+            migration.execute("ALTER TABLE runtime_run ALTER COLUMN step TYPE integer")
+
+
 def test_a_demo_run_stays_within_its_budget(start, settings):
     """Start, claim, three ledger calls and a final answer: at most 20 statements on
     PostgreSQL and no new connection once the worker's connections are open."""
