@@ -29,7 +29,7 @@ from typing import Any, TypedDict
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth import get_user_model
 
-from console.db import SharedAnswers, off_loop
+from console.db import ACCESS_FRESH, SharedAnswers, off_loop
 from console.models import READ
 from runtime.live import ALL_RUNS_GROUP, bind_to_running_loop, run_group
 from runtime.models import Run, StreamCheckpoint, ThreadCommit
@@ -41,7 +41,6 @@ NOT_FOUND = 4404
 FORBIDDEN = 4403
 WATCH_SECONDS = 1.0
 ACCESS_SECONDS = 2.0
-ACCESS_FRESH = 1.0  # how old a shared answer may be: a removed viewer is closed within 3 s
 _ACCESS = SharedAnswers(fresh=ACCESS_FRESH)
 
 

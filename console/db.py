@@ -32,6 +32,11 @@ def off_loop[**P, R](read: Callable[P, R]) -> Callable[P, Awaitable[R]]:
     return sync_to_async(functools.wraps(read)(read_and_close), thread_sensitive=False)
 
 
+# How old a shared answer to "may this reader still read?" may be: with a re-check every 2 s,
+# a revoked token's streams and a removed viewer's sockets end within 3 s.
+ACCESS_FRESH = 1.0
+
+
 class SharedAnswers:
     """One answer per question for every stream of a process that asks it within ``fresh``
     seconds: 50 streams of one token re-checking their access every 2 s cost one read per

@@ -10,6 +10,7 @@ SQLite every process is on the one machine that holds the file, so its clock is 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, NotSupportedError, connection, connections
 from django.db.models import Expression, Value
@@ -54,8 +55,7 @@ def reserve_connections(count: int) -> None:
     connection for their whole life (a worker's), so they neither wait for the connections
     that requests borrow nor leave requests waiting. Without a pool (SQLite, or
     RUNTIME_DB_POOL_SIZE=0) there is nothing to do."""
-    pool = getattr(connections[DEFAULT_DB_ALIAS], "pool", None)
-    if pool is not None:
+    if (pool := _pool()) is not None:
         pool.resize(pool.min_size, pool.max_size + count)
 
 
@@ -63,9 +63,13 @@ def open_pool() -> None:
     """Open this process's connection pool now: its ``min_size`` connections are made in the
     background, so the first requests after a start (every client reconnecting at once) do
     not wait for connections that the pool, once short, makes one at a time."""
-    pool = getattr(connections[DEFAULT_DB_ALIAS], "pool", None)
-    if pool is not None:
+    if (pool := _pool()) is not None:
         pool.open()
+
+
+def _pool() -> Any:
+    """This process's psycopg_pool ConnectionPool, or None (SQLite, RUNTIME_DB_POOL_SIZE=0)."""
+    return getattr(connections[DEFAULT_DB_ALIAS], "pool", None)
 
 
 def db_now() -> Expression:
