@@ -4,15 +4,22 @@ WebSockets pass the allowed-hosts origin check and Django's session authenticati
 consumers then refuse anyone without the read permission.
 
 HTTP requests go through ``OneHopASGIHandler``: Django's ASGI handler with the middleware
-chain built for sync code and entered once, on the request's thread. Django's own handler
-builds it for async code, and then every middleware written as ``process_request`` /
-``process_response`` (Django's, WhiteNoise's, django-prometheus's) and every sync view is
-handed between the event loop and the request's thread, about 16 round trips per request
-(WhiteNoise, which is sync only, turns the top of the chain back to sync as well). Each
-trip waits for the loop and for a thread to be scheduled, so on a busy machine they, not
-the work, made ``GET /runs`` slow (issue 12, item 8). Async views (the event stream) still
-run on the event loop: Django calls them from the sync chain with ``async_to_sync``, and a
-streamed body is sent by the handler on the loop, as before.
+chain built for sync code and entered once, on one of the process's request threads. Django's
+own handler builds it for async code, and then every middleware written as
+``process_request`` / ``process_response`` (Django's, WhiteNoise's, django-prometheus's) and
+every sync view is handed between the event loop and the request's thread, about 16 round
+trips per request (WhiteNoise, which is sync only, turns the top of the chain back to sync as
+well). Each trip waits for the loop and for a thread to be scheduled, so on a busy machine
+they, not the work, made ``GET /runs`` slow (issue 12, item 8). Async views (the event stream)
+still run on the event loop: Django calls them from the sync chain with ``async_to_sync``,
+and a streamed body is sent by the handler on the loop, as before.
+
+Django gives each request a new thread of its own. When 70 clients connect at once, 35
+threads of one process then take turns at the interpreter's lock at every database round
+trip, and each request took 100 to 350 ms of work worth 5. Here the chains run on a fixed set
+of ``RUNTIME_REQUEST_THREADS`` threads (default 4, no more than the connection pool lends)
+and the other requests wait their turn in order. A request thread gives its database
+connections back when its chain returns, as Django does when a request finishes.
 
 The channel layer is made here, at start-up: made by the first stream, it imported its
 backend (channels_redis, redis: about a third of a second) on the event loop, while 50
@@ -24,22 +31,36 @@ again, and under load each one stopped the process for a tenth of a second or mo
 
 import gc
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
+from django.db import close_old_connections
+from django.http import HttpRequest, HttpResponseBase
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 
 class OneHopASGIHandler(ASGIHandler):
     """Django's ASGI handler whose middleware chain and sync views run in one hand-over to
-    the request's thread (thread-sensitive, as Django runs sync views) and back."""
+    one of ``settings.RUNTIME_REQUEST_THREADS`` request threads and back."""
 
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
-        # What ASGIHandler awaits: the sync chain, entered once on the request's thread.
         chain = self._middleware_chain  # type: ignore[has-type]  # set by load_middleware
-        self._middleware_chain = sync_to_async(chain, thread_sensitive=True)
+        threads = ThreadPoolExecutor(settings.RUNTIME_REQUEST_THREADS, "request")
+
+        def respond(request: HttpRequest) -> HttpResponseBase:
+            try:
+                return chain(request)
+            finally:
+                # Django's request_finished closes the connections of the thread that sends
+                # it, which is not this one: give this thread's back (closed, or to the pool).
+                close_old_connections()
+
+        # What ASGIHandler awaits: the sync chain, entered once on a request thread.
+        self._middleware_chain = sync_to_async(respond, thread_sensitive=False, executor=threads)
 
 
 def django_application() -> OneHopASGIHandler:

@@ -8,6 +8,7 @@ names the variable.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ def env_number(name: str, default: float, *, minimum: float = 0, integer: bool =
         value = int(raw) if integer else float(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise ImproperlyConfigured(f"{name} must be a finite number, got {raw!r}")
     if value < minimum:
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {raw!r}")
     return value
@@ -64,12 +67,20 @@ def env_mcp_servers(name: str) -> list:
     raw = (os.environ.get(name) or "").strip()
     if not raw:
         return []
+    if raw.startswith(("[", "{")):
+        text, source = raw, "JSON text"
+    else:
+        try:
+            text, source = Path(raw).read_text(), f"the file {raw}"
+        except OSError as exc:
+            raise ImproperlyConfigured(
+                f"{name} is neither a JSON list nor a readable file: {exc.strerror}: {raw!r}"
+            ) from None
     try:
-        text = raw if raw.startswith("[") else Path(raw).read_text()
         data = json.loads(text)
         parse_servers(data)
-    except (OSError, ValueError) as exc:
-        raise ImproperlyConfigured(f"{name}: {exc}") from None
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} ({source}): {exc}") from None
     return data
 
 
@@ -167,6 +178,9 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "console.urls"
 ASGI_APPLICATION = "console.asgi.application"
+# Threads per server process that run requests' sync code (console.asgi); keep it no larger
+# than RUNTIME_DB_POOL_SIZE, so that no request thread waits for a connection.
+RUNTIME_REQUEST_THREADS = env_number("RUNTIME_REQUEST_THREADS", 4, minimum=1, integer=True)
 
 TEMPLATES = [
     {
@@ -184,7 +198,12 @@ TEMPLATES = [
     },
 ]
 
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+try:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+except OSError as exc:
+    raise ImproperlyConfigured(f"RUNTIME_VAR_DIR {VAR_DIR} cannot be made: {exc.strerror}") from exc
+if not os.access(VAR_DIR, os.W_OK | os.X_OK):
+    raise ImproperlyConfigured(f"RUNTIME_VAR_DIR {VAR_DIR} is not writable by this user")
 DATABASES = {"default": env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'runtime.sqlite3'}")}
 if env_bool("RUNTIME_DB_METRICS", True):
     # django-prometheus's wrappers of the same backends count queries, errors and their time

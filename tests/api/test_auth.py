@@ -134,3 +134,42 @@ def test_every_write_records_who_did_it(api_as, awaiting):
     assert actors[-2:] == ["alice", "bob"]
     started = operator.post("/runs", {"agent": "demo", "input": "x"}).json()
     assert Run.objects.get(id=started["id"]).created_by == "bob"
+
+
+class GrantsRead:
+    """An authentication backend of a deployment's own (LDAP groups, say): it grants read
+    to the user named "ldap-reader" and nothing else."""
+
+    def authenticate(self, request, **credentials):
+        return None
+
+    def has_perm(self, user, perm, obj=None):
+        return user.get_username() == "ldap-reader" and perm == "console.read_runs"
+
+
+def test_a_permission_from_another_backend_passes_the_gate(make_user, settings):
+    settings.AUTHENTICATION_BACKENDS = [
+        "django.contrib.auth.backends.ModelBackend",
+        f"{__name__}.GrantsRead",
+    ]
+    _, reader = make_user("ldap-reader")
+    _, other = make_user("ldap-other")
+    assert Api(Client(), reader).get("/runs").status_code == 200
+    assert Api(Client(), other).get("/runs").status_code == 403
+
+
+def test_without_model_backend_a_model_grant_does_not_pass(make_user, settings):
+    settings.AUTHENTICATION_BACKENDS = [f"{__name__}.GrantsRead"]
+    _, token = make_user("granted-by-model-only", "read")
+    assert Api(Client(), token).get("/runs").status_code == 403
+
+
+def test_one_query_authenticates_a_request(make_user, django_assert_num_queries):
+    """The token, its user and the permission (direct or through a group) in one query, not
+    three; the list is the second."""
+    user, token = make_user("quick")
+    user.groups.add(Group.objects.get(name="viewers"))
+    api = Api(Client(), token)
+    assert api.get("/runs").status_code == 200  # the first use also stamps last_used_at
+    with django_assert_num_queries(2):
+        assert api.get("/runs").status_code == 200

@@ -235,3 +235,50 @@ def test_a_worker_makes_room_in_the_pool_for_its_threads() -> None:
         assert pool.max_size == before + 7
     finally:
         pool.resize(pool.min_size, before)
+
+
+@pytest.mark.asyncio
+async def test_requests_run_on_a_fixed_set_of_threads(make_user, settings) -> None:
+    """RUNTIME_REQUEST_THREADS threads run every request's sync code (console.asgi), not a
+    new thread per request: 8 requests at once on 2 threads all answer 200."""
+    from asgiref.testing import ApplicationCommunicator
+
+    settings.RUNTIME_REQUEST_THREADS = 2
+    _, token = await sync_to_async(make_user)("pool", "read")
+    threads: set[str] = set()
+
+    def note_thread(**kwargs: object) -> None:  # each request opens its connection
+        threads.add(threading.current_thread().name)
+
+    handler = OneHopASGIHandler()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": f"{BASE}/runs",
+        "raw_path": f"{BASE}/runs".encode(),
+        "query_string": b"",
+        "headers": [(b"host", b"testserver"), (b"authorization", f"Bearer {token}".encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+    }
+
+    async def request() -> int:
+        app = ApplicationCommunicator(handler, dict(scope))
+        await app.send_input({"type": "http.request", "body": b""})
+        start = await app.receive_output(30)
+        await app.receive_output(30)
+        await app.wait(30)
+        return start["status"]
+
+    connection_created.connect(note_thread)
+    try:
+        statuses = await asyncio.gather(*(request() for _ in range(8)))
+    finally:
+        connection_created.disconnect(note_thread)
+        await sync_to_async(connections.close_all)()
+    assert statuses == [200] * 8
+    assert threads and len(threads) <= 2, threads
+    assert all(name.startswith("request") for name in threads), threads

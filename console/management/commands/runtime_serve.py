@@ -4,8 +4,12 @@ daphne serves HTTP and WebSockets; a worker drives runs on threads of the first 
 commits wake it through the in-process signal). Under ASGI, Django answers each request on a
 thread of its own, but the threads of a process share one interpreter, so a process uses
 about one core however many requests it has: with ``--processes N`` the command binds the
-listening socket once and serves it from N daphne processes (the first one, plus N-1
-children started with ``--fd``), and the kernel spreads connections among them. The
+listening socket once and serves the address from N daphne processes (the first one, plus
+N-1 children started with ``--fd``). On Linux each child binds a socket of its own to the
+same address (``SO_REUSEPORT``) and the kernel deals new connections among the sockets
+evenly; a shared socket would go to whichever process woke first, and that one took nearly
+every connection of a burst (70 clients at once: 44 of them to one of two processes). Other
+platforms share the one socket. The
 default ``auto`` serves with one process per CPU (at most 4) when the channel layer is
 shared (``REDIS_URL``) and the platform can hand a socket to a child (POSIX); with the
 in-memory layer it serves with one, because live deltas published in one process reach only
@@ -52,11 +56,23 @@ def auto_processes() -> int:
     return max(1, min(MAX_AUTO_PROCESSES, os.cpu_count() or 1))
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """Bind and listen on ``host:port``, ready to be shared with child processes."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+# Whether each process listens on a socket of its own: Linux balances SO_REUSEPORT sockets.
+REUSE_PORT = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
+
+
+def listening_socket(
+    host: str, port: int, *, family: int | None = None, reuse_port: bool = False
+) -> socket.socket:
+    """Bind and listen on ``host:port``, inheritable by child processes; ``reuse_port`` sets
+    SO_REUSEPORT, so that other sockets with it can bind the same address beside it.
+
+    Raises CommandError, naming the address, when it cannot be bound."""
+    if family is None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -69,6 +85,18 @@ def listening_socket(host: str, port: int) -> socket.socket:
     sock.listen(1024)
     sock.set_inheritable(True)
     return sock
+
+
+def first_socket(host: str, port: int, processes: int) -> socket.socket:
+    """The first process's socket. With children on Linux it is bound with SO_REUSEPORT, but
+    only after a plain bind proved the address free: a second server started on the same
+    port would otherwise join this one's sockets instead of failing."""
+    sock = listening_socket(host, port)
+    if processes == 1 or not REUSE_PORT:
+        return sock
+    with sock:
+        address, family = sock.getsockname(), sock.family
+    return listening_socket(address[0], address[1], family=family, reuse_port=True)
 
 
 class Command(BaseCommand):
@@ -99,14 +127,11 @@ class Command(BaseCommand):
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
         count = self.process_count(processes)
-        if fd is not None:  # a child: serve the socket the first process bound
-            inherited = socket.socket(fileno=fd)
-            endpoints = self.endpoints(inherited)
-            inherited.detach()  # daphne serves the descriptor itself
-            self.serve(endpoints)
+        if fd is not None:  # a child: serve the address the first process bound
+            self.serve(self.endpoints(self.child_socket(fd)))
             return
         # Bound first: a busy port stops the command before a worker registers or a child starts.
-        sock = listening_socket(host, port)
+        sock = first_socket(host, port, count)
         # A signal before daphne installs its handlers stops the server as soon as it runs.
         signal.signal(signal.SIGTERM, self.stop_early)
         signal.signal(signal.SIGINT, self.stop_early)
@@ -176,10 +201,23 @@ class Command(BaseCommand):
         command = [sys.executable, str(MANAGE), "runtime_serve", "--fd", str(fd)]
         return subprocess.Popen(command, pass_fds=(fd,), stdin=subprocess.DEVNULL)
 
+    def child_socket(self, fd: int) -> socket.socket:
+        """A child's socket: on Linux its own, bound to the inherited socket's address (the
+        inherited one is closed here; the first process keeps serving it), else the
+        inherited one."""
+        inherited = socket.socket(fileno=fd)
+        if not REUSE_PORT:
+            return inherited
+        with inherited:
+            host, port = inherited.getsockname()[:2]
+            return listening_socket(host, port, family=inherited.family, reuse_port=True)
+
     def endpoints(self, sock: socket.socket) -> list[str]:
         """daphne's endpoint for the socket bound up front (IPv6 needs its domain named)."""
         domain = ":domain=INET6" if sock.family == socket.AF_INET6 else ""
-        return [f"fd:fileno={sock.fileno()}{domain}"]
+        endpoint = f"fd:fileno={sock.fileno()}{domain}"
+        sock.detach()  # daphne serves the descriptor itself
+        return [endpoint]
 
     def serve(self, endpoints: list[str]) -> None:
         open_pool()  # before the first request, in every process
