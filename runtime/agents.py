@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from runtime import conf
@@ -71,19 +72,32 @@ class Agent:
         return self.permissions.get(tool.name, tool.permission)
 
 
-@cache
-def _registry(paths: tuple[str, ...]) -> dict[str, Agent]:
-    loaded = {}
-    for path in paths:
+def load_agent(path: str) -> Agent:
+    """The Agent at dotted ``path``: an Agent, or a callable returning one.
+
+    Raises ImproperlyConfigured naming RUNTIME_AGENTS and the path when it cannot be imported,
+    its factory fails, or it is no Agent (the ``runtime.E001`` check reports the same)."""
+    try:
         agent = import_string(path)
         if callable(agent) and not isinstance(agent, Agent):
             agent = agent()
-        loaded[agent.name] = agent
-    return loaded
+    except Exception as exc:  # an import error, or whatever a factory raised
+        raise ImproperlyConfigured(f"RUNTIME_AGENTS: cannot load {path!r}: {exc}") from exc
+    if not isinstance(agent, Agent):
+        raise ImproperlyConfigured(
+            f"RUNTIME_AGENTS: {path!r} is a {type(agent).__name__}, not a runtime Agent"
+        )
+    return agent
+
+
+@cache
+def _registry(paths: tuple[str, ...]) -> dict[str, Agent]:
+    return {agent.name: agent for agent in map(load_agent, paths)}
 
 
 def registry() -> dict[str, Agent]:
-    """Every registered agent by name (``settings.RUNTIME_AGENTS``)."""
+    """Every registered agent by name (``settings.RUNTIME_AGENTS``); raises
+    ImproperlyConfigured when one cannot be loaded (``load_agent``)."""
     return _registry(tuple(conf.agent_paths()))
 
 

@@ -7,6 +7,7 @@ class RuntimeConfig(AppConfig):
     verbose_name = "Agent runtime"
 
     def ready(self) -> None:
+        from runtime import checks  # noqa: F401  (registers the system checks)
         from runtime.signals import commit_announced
 
         commit_announced.connect(forward_commits, weak=False, dispatch_uid="runtime.live.forward")

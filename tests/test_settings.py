@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from console.settings import VAR_DIR, env_bool, env_database, env_list, env_mcp_servers
+from console.settings import (
+    VAR_DIR,
+    env_bool,
+    env_database,
+    env_list,
+    env_mcp_servers,
+    env_number,
+)
 
 VAR = "RUNTIME_TEST_SETTINGS_VAR"
 
@@ -238,3 +245,59 @@ def test_a_bad_setting_stops_manage_py_with_one_line(tmp_path):
     )
     assert done.returncode == 1
     assert done.stderr == "error: RUNTIME_LEASE_SECONDS must be a number, got 'abc'\n"
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "NaN"])
+def test_env_number_refuses_what_is_not_finite(monkeypatch, raw):
+    monkeypatch.setenv(VAR, raw)
+    with pytest.raises(ImproperlyConfigured, match=f"{VAR} must be a finite number"):
+        env_number(VAR, 15, minimum=0.2)
+
+
+def manage_py(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_var_dir_that_cannot_be_made_stops_manage_py_with_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = manage_py("check", RUNTIME_VAR_DIR=str(blocker / "var"))
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"error: RUNTIME_VAR_DIR {blocker / 'var'} cannot be made")
+    assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"RUNTIME_AGENTS": "no.such.agent"}, "(runtime.E001) RUNTIME_AGENTS: cannot load"),
+        (
+            {"RUNTIME_AGENTS": "runtime.conf.lease_ttl"},
+            "(runtime.E001) RUNTIME_AGENTS: 'runtime.conf.lease_ttl' is a timedelta",
+        ),
+    ],
+    ids=["missing", "not-an-agent"],
+)
+def test_an_agent_that_cannot_load_fails_the_check(tmp_path, env, said):
+    done = manage_py("check", RUNTIME_VAR_DIR=str(tmp_path), **env)
+    assert done.returncode == 1
+    assert said in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_heartbeat_as_long_as_the_lease_draws_a_warning(tmp_path):
+    done = manage_py(
+        "check",
+        RUNTIME_VAR_DIR=str(tmp_path),
+        RUNTIME_LEASE_SECONDS="10",
+        RUNTIME_HEARTBEAT_SECONDS="10",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "(runtime.W001) RUNTIME_HEARTBEAT_SECONDS (10) is not shorter than" in done.stderr

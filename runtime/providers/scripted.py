@@ -22,7 +22,9 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from runtime.errors import ScriptRefused
 from runtime.providers.base import (
@@ -38,7 +40,8 @@ FINAL_TEXT = "The scripted model has nothing more to say."
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict: a script is JSON, and `"chunks": true` or `"2"` is a mistake, not a number.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ScriptedToolCall(_Strict):
@@ -87,6 +90,21 @@ Step = Annotated[
 
 class Script(_Strict):
     steps: Annotated[list[Step], Field(max_length=1000)]
+
+    @field_validator("steps")
+    @classmethod
+    def _every_step_reachable(cls, steps: list[Any]) -> list[Any]:
+        """A text step answers without tool calls, which ends the run: a step after it
+        would never be used, so a script that has one is refused."""
+        for index, step in enumerate(steps[:-1]):
+            if isinstance(step, TextStep):
+                raise PydanticCustomError(
+                    "unreachable_step",
+                    "steps.{index} answers with text, which ends the run, so the {after}"
+                    " step(s) after it would never be used",
+                    {"index": index, "after": len(steps) - index - 1},
+                )
+        return steps
 
 
 _SCRIPT = TypeAdapter(Script)

@@ -93,6 +93,28 @@ def test_a_script_refusal_names_each_problem_where_it_is(api):
     assert "{'type'" not in error["message"]  # readable text, not a Python repr
 
 
+@pytest.mark.parametrize(
+    ("steps", "said"),
+    [
+        ([{"text": "ok", "chunks": True}], "steps.0.chunks: Input should be a valid integer"),
+        ([{"text": "ok", "delay_ms": "5"}], "steps.0.delay_ms: Input should be a valid integer"),
+        (
+            [{"text": "done"}, {"tool_calls": [{"name": "ledger_once"}]}],
+            "steps.0 answers with text, which ends the run, so the 1 step(s) after it",
+        ),
+    ],
+    ids=["bool-as-int", "string-as-int", "unreachable-step"],
+)
+def test_a_script_that_cannot_mean_what_it_says_is_refused(api, steps, said):
+    body = {"agent": "demo", "input": "x", "metadata": {"script": {"steps": steps}}}
+    response = api.post("/runs", body)
+    assert response.status_code == 422
+    error = error_of(response)
+    assert error["code"] == "script_refused"
+    assert said in error["message"]
+    assert not Run.objects.exists()
+
+
 def test_scripts_are_refused_when_disabled(api, settings):
     settings.RUNTIME_ALLOW_SCRIPTED = False
     body = {"agent": "demo", "input": "x", "metadata": {"script": {"steps": []}}}

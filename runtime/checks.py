@@ -1,0 +1,62 @@
+"""System checks (``manage.py check``, and every command that serves or works): settings that
+parse but cannot work together, found before a run meets them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from runtime import conf
+
+
+@checks.register()
+def agents_load(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """runtime.E001: every RUNTIME_AGENTS path loads to an Agent (runtime.agents.load_agent)."""
+    from runtime.agents import load_agent
+
+    errors: list[checks.CheckMessage] = []
+    for path in conf.agent_paths():
+        try:
+            load_agent(path)
+        except ImproperlyConfigured as exc:
+            errors.append(checks.Error(str(exc), id="runtime.E001"))
+    return errors
+
+
+@checks.register()
+def heartbeat_within_lease(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """runtime.W001: a heartbeat no shorter than the lease lets a live owner's lease lapse
+    between two heartbeats, and another worker takes its run over (DESIGN: leases)."""
+    heartbeat, lease = conf.heartbeat_seconds(), conf.lease_ttl().total_seconds()
+    if heartbeat < lease:
+        return []
+    return [
+        checks.Warning(
+            f"RUNTIME_HEARTBEAT_SECONDS ({heartbeat:g}) is not shorter than"
+            f" RUNTIME_LEASE_SECONDS ({lease:g}): live workers will lose their runs",
+            hint="a heartbeat of a third of the lease (the defaults: 5 and 15) leaves room",
+            id="runtime.W001",
+        )
+    ]
+
+
+@checks.register()
+def request_threads_within_pool(
+    app_configs: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """runtime.W002: more request threads than pooled connections make requests wait for a
+    connection instead of for a thread (console.asgi)."""
+    pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
+    threads = getattr(settings, "RUNTIME_REQUEST_THREADS", 1)
+    if not pool or threads <= pool["max_size"]:
+        return []
+    return [
+        checks.Warning(
+            f"RUNTIME_REQUEST_THREADS ({threads}) exceeds RUNTIME_DB_POOL_SIZE"
+            f" ({pool['max_size']})",
+            id="runtime.W002",
+        )
+    ]
