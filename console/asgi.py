@@ -17,7 +17,7 @@ and a streamed body is sent by the handler on the loop, as before.
 Django gives each request a new thread of its own. When 70 clients connect at once, 35
 threads of one process then take turns at the interpreter's lock at every database round
 trip, and each request took 100 to 350 ms of work worth 5. Here the chains run on a fixed set
-of ``RUNTIME_REQUEST_THREADS`` threads (default 4, no more than the connection pool lends)
+of ``RUNTIME_REQUEST_THREADS`` threads (default 8, no more than the connection pool lends)
 and the other requests wait their turn in order. A request thread gives its database
 connections back when its chain returns, as Django does when a request finishes.
 

@@ -180,7 +180,7 @@ ROOT_URLCONF = "console.urls"
 ASGI_APPLICATION = "console.asgi.application"
 # Threads per server process that run requests' sync code (console.asgi); keep it no larger
 # than RUNTIME_DB_POOL_SIZE, so that no request thread waits for a connection.
-RUNTIME_REQUEST_THREADS = env_number("RUNTIME_REQUEST_THREADS", 4, minimum=1, integer=True)
+RUNTIME_REQUEST_THREADS = env_number("RUNTIME_REQUEST_THREADS", 8, minimum=1, integer=True)
 
 TEMPLATES = [
     {

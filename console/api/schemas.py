@@ -12,19 +12,20 @@ from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
 from runtime.untrusted import UntrustedJSONError, check_storable, text_problem
 
 # -- constrained values ---------------------------------------------------------------------------
 
 ID_PATTERN = r"^[0-9A-Za-z_-]+$"
-NO_NUL = r"^[^\x00]*$"
 MAX_SEQ = 2**63 - 1  # a commit sequence fits a signed 64-bit column on every database
 
 
-def _no_surrogates(value: str) -> str:
+def _storable_text(value: str) -> str:
+    """Refuse text no database column can hold: NUL characters and lone surrogates."""
     if (problem := text_problem(value)) is not None:
-        raise ValueError(problem)
+        raise PydanticCustomError("unstorable_text", problem)
     return value
 
 
@@ -38,20 +39,16 @@ def _storable_json(value: Any) -> Any:
 
 
 Id = Annotated[str, Field(min_length=1, max_length=64, pattern=ID_PATTERN)]
-AgentName = Annotated[
-    str, Field(min_length=1, max_length=100, pattern=NO_NUL), AfterValidator(_no_surrogates)
-]
+AgentName = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_storable_text)]
 JsonValue = Annotated[Any, AfterValidator(_storable_json)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
 
 # Text every database can store, by length limit.
-InputText = Annotated[
-    str, Field(min_length=1, max_length=200_000, pattern=NO_NUL), AfterValidator(_no_surrogates)
-]
-Note = Annotated[str, Field(max_length=2000, pattern=NO_NUL), AfterValidator(_no_surrogates)]
-Evidence = Annotated[str, Field(max_length=20_000, pattern=NO_NUL), AfterValidator(_no_surrogates)]
+InputText = Annotated[str, Field(min_length=1, max_length=200_000), AfterValidator(_storable_text)]
+Note = Annotated[str, Field(max_length=2000), AfterValidator(_storable_text)]
+Evidence = Annotated[str, Field(max_length=20_000), AfterValidator(_storable_text)]
 
 
 RunStateName = Literal["running", "awaiting", "ended"]

@@ -47,7 +47,7 @@ def test_validation_errors_list_what_is_wrong(api):
     ("given", "loc", "kind"),
     [
         (3, ["body", "input"], "input_type"),
-        ("nul \u0000", ["body", "input", "text"], "string_pattern_mismatch"),
+        ("nul \u0000", ["body", "input", "text"], "unstorable_text"),
         (
             [{"role": "tool", "content": "x"}],
             ["body", "input", "messages", 0, "role"],
