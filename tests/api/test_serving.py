@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from asgiref.sync import SyncToAsync, sync_to_async
+from asgiref.testing import ApplicationCommunicator
 from django.db import connection, connections, transaction
 from django.db.backends.signals import connection_created
 
@@ -194,12 +195,9 @@ def test_the_middleware_chain_is_entered_once_per_request() -> None:
     assert view_middleware and not any(asyncio.iscoroutinefunction(m) for m in view_middleware)
 
 
-@pytest.mark.asyncio
-async def test_the_one_hop_handler_answers_requests(make_user) -> None:
-    from asgiref.testing import ApplicationCommunicator
-
-    _, token = await sync_to_async(make_user)("hop", "read")
-    scope = {
+def list_runs_scope(token: str) -> dict[str, Any]:
+    """The ASGI scope of ``GET /runs?limit=5`` with ``token``."""
+    return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
@@ -212,7 +210,13 @@ async def test_the_one_hop_handler_answers_requests(make_user) -> None:
         "client": ("127.0.0.1", 1),
         "server": ("testserver", 80),
     }
-    app = ApplicationCommunicator(OneHopASGIHandler(), scope)
+
+
+@pytest.mark.asyncio
+async def test_the_one_hop_handler_answers_requests(make_user) -> None:
+
+    _, token = await sync_to_async(make_user)("hop", "read")
+    app = ApplicationCommunicator(OneHopASGIHandler(), list_runs_scope(token))
     try:
         await app.send_input({"type": "http.request", "body": b""})
         start = await app.receive_output(10)
@@ -241,7 +245,6 @@ def test_a_worker_makes_room_in_the_pool_for_its_threads() -> None:
 async def test_requests_run_on_a_fixed_set_of_threads(make_user, settings) -> None:
     """RUNTIME_REQUEST_THREADS threads run every request's sync code (console.asgi), not a
     new thread per request: 8 requests at once on 2 threads all answer 200."""
-    from asgiref.testing import ApplicationCommunicator
 
     settings.RUNTIME_REQUEST_THREADS = 2
     _, token = await sync_to_async(make_user)("pool", "read")
@@ -251,22 +254,9 @@ async def test_requests_run_on_a_fixed_set_of_threads(make_user, settings) -> No
         threads.add(threading.current_thread().name)
 
     handler = OneHopASGIHandler()
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": f"{BASE}/runs",
-        "raw_path": f"{BASE}/runs".encode(),
-        "query_string": b"",
-        "headers": [(b"host", b"testserver"), (b"authorization", f"Bearer {token}".encode())],
-        "client": ("127.0.0.1", 1),
-        "server": ("testserver", 80),
-    }
 
     async def request() -> int:
-        app = ApplicationCommunicator(handler, dict(scope))
+        app = ApplicationCommunicator(handler, list_runs_scope(token))
         await app.send_input({"type": "http.request", "body": b""})
         start = await app.receive_output(30)
         await app.receive_output(30)
