@@ -27,9 +27,10 @@ MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
 
 def _token_with_grant(permission: str, **lookup: object) -> ApiToken | None:
-    """The unrevoked token matching ``lookup``, with its user and ``granted``: whether
-    Django's ModelBackend gives the user ``permission`` ("app_label.codename") directly or
-    through a group. One query, where ``user.has_perm`` asks two more on every request."""
+    """The unrevoked token matching ``lookup`` (or None), with its user and two booleans:
+    ``to_user`` and ``to_group``, whether Django's ModelBackend gives the user ``permission``
+    ("app_label.codename") directly or through a group. One query, where the token and then
+    ``user.has_perm`` took three on every request (issue 12, item 8)."""
     app_label, codename = permission.split(".", 1)
     perms = Permission.objects.filter(content_type__app_label=app_label, codename=codename)
     return (

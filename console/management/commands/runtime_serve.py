@@ -1,9 +1,9 @@
 """``manage.py runtime_serve``: the console, the API and an in-process worker.
 
 daphne serves HTTP and WebSockets; a worker drives runs on threads of the first process (its
-commits wake it through the in-process signal). Under ASGI, Django answers each request on a
-thread of its own, but the threads of a process share one interpreter, so a process uses
-about one core however many requests it has: with ``--processes N`` the command binds the
+commits wake it through the in-process signal). Under ASGI, Django answers requests on
+threads (``console.asgi``), but the threads of a process share one interpreter, so a process
+uses about one core however many requests it has: with ``--processes N`` the command binds the
 listening socket once and serves the address from N daphne processes (the first one, plus
 N-1 children started with ``--fd``). On Linux each child binds a socket of its own to the
 same address (``SO_REUSEPORT``) and the kernel deals new connections among the sockets
