@@ -32,6 +32,7 @@ again, and under load each one stopped the process for a tenth of a second or mo
 import gc
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -78,13 +79,23 @@ from channels.layers import get_channel_layer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from console import health  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 
 get_channel_layer()  # made (and its backend imported) now, not by the first stream
 
+
+async def http_application(scope: dict, receive: Any, send: Any) -> None:
+    """``/healthz`` on the event loop (console.health says why); the rest through Django."""
+    if scope["path"] == "/healthz":
+        await health.healthz(scope, receive, send)
+    else:
+        await django_asgi_app(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http_application,
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

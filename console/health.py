@@ -1,6 +1,9 @@
 """Probes for load balancers and the Prometheus scrape endpoint.
 
-- ``/healthz``: the process is up and serving (no I/O): 200 ``{"status": "ok"}``.
+- ``/healthz``: the process is up and its event loop turns (no I/O): 200 ``{"status": "ok"}``.
+  It is answered on the event loop, before Django (``console.asgi``): a liveness probe must
+  not wait behind request threads held by a database lock, or a long migration would get
+  every web process restarted.
 - ``/readyz``: the database answers, every migration is applied, the channel layer
   answers and the console's static files have URLs (collected, with a manifest): 200
   ``{"status": "ready", "checks": {...}}``, else 503 with the failing check's reason
@@ -19,6 +22,7 @@ import hmac
 import ipaddress
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -33,12 +37,20 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from runtime import metrics
 
+NO_STORE = b"max-age=0, no-cache, no-store, must-revalidate, private"
 
-@never_cache
-@require_GET
-def healthz(request: HttpRequest) -> JsonResponse:
-    """The process is up: always 200."""
-    return JsonResponse({"status": "ok"})
+
+async def healthz(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``/healthz`` as an ASGI application: 200 ``{"status": "ok"}`` to GET and HEAD (never
+    cached), 405 to other methods."""
+    if scope["method"] in ("GET", "HEAD"):
+        status, body = 200, b'{"status": "ok"}'
+        headers = [(b"content-type", b"application/json"), (b"cache-control", NO_STORE)]
+    else:
+        status, body = 405, b""
+        headers = [(b"allow", b"GET, HEAD")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body if scope["method"] != "HEAD" else b""})
 
 
 def check_database() -> str:

@@ -43,19 +43,29 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def env_number(name: str, default: float, *, minimum: float = 0, integer: bool = False):
-    """Read a number (an int when ``integer``) no smaller than ``minimum``."""
+def env_number(
+    name: str,
+    default: float,
+    *,
+    minimum: float = 0,
+    maximum: float | None = None,
+    integer: bool = False,
+):
+    """Read a finite number (an int when ``integer``) from ``minimum`` to ``maximum``."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
         value = int(raw) if integer else float(raw)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+        kind = "a whole number" if integer else "a number"
+        raise ImproperlyConfigured(f"{name} must be {kind}, got {raw!r}") from None
     if not math.isfinite(value):
         raise ImproperlyConfigured(f"{name} must be a finite number, got {raw!r}")
     if value < minimum:
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {raw!r}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name} must be at most {maximum}, got {raw!r}")
     return value
 
 
@@ -95,6 +105,9 @@ def env_database(name: str, default: str) -> dj_database_url.DBConfig:
         ) from exc
     engine = config["ENGINE"]
     if engine == "django.db.backends.sqlite3":
+        folder = Path(str(config["NAME"])).parent
+        if str(config["NAME"]) != ":memory:" and not folder.is_dir():
+            raise ImproperlyConfigured(f"{name}: the SQLite file's folder {folder} does not exist")
         # IMMEDIATE transactions take the write lock at BEGIN, so two writers queue on the busy
         # timeout instead of failing on a lock upgrade; WAL lets readers run beside a writer.
         config["OPTIONS"] = {
@@ -112,7 +125,7 @@ def env_database(name: str, default: str) -> dj_database_url.DBConfig:
         # (README, Performance). A pooler in transaction mode needs RUNTIME_DB_PREPARE=0.
         if env_bool("RUNTIME_DB_PREPARE", True):
             options.update(server_side_binding=True, prepare_threshold=5)
-        if pool_size := env_number("RUNTIME_DB_POOL_SIZE", 16, integer=True):
+        if pool_size := env_number("RUNTIME_DB_POOL_SIZE", 16, maximum=1000, integer=True):
             # Under ASGI every request runs on a thread of its own and closes its connection
             # at the end: without a pool each request (and each read of an open stream)
             # opened a new PostgreSQL session, which cost the database more than the queries
@@ -180,7 +193,9 @@ ROOT_URLCONF = "console.urls"
 ASGI_APPLICATION = "console.asgi.application"
 # Threads per server process that run requests' sync code (console.asgi); keep it no larger
 # than RUNTIME_DB_POOL_SIZE, so that no request thread waits for a connection.
-RUNTIME_REQUEST_THREADS = env_number("RUNTIME_REQUEST_THREADS", 8, minimum=1, integer=True)
+RUNTIME_REQUEST_THREADS = env_number(
+    "RUNTIME_REQUEST_THREADS", 8, minimum=1, maximum=256, integer=True
+)
 
 TEMPLATES = [
     {
@@ -265,7 +280,12 @@ if env_bool("DJANGO_HTTPS", False):
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+try:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+except OSError as exc:
+    raise ImproperlyConfigured(
+        f"RUNTIME_VAR_DIR: {STATIC_ROOT} cannot be made: {exc.strerror}"
+    ) from exc
 # Served by WhiteNoise straight from the finders, so a fresh clone needs no collectstatic. In
 # production (RUNTIME_STATIC_MANIFEST=1, after `manage.py collectstatic`) files get hashed,
 # compressed names and are cached for ever by browsers and proxies.
@@ -296,20 +316,30 @@ RUNTIME_METRICS_TOKEN = os.environ.get("RUNTIME_METRICS_TOKEN", "")
 # A trace viewer's URL with {trace_id}: the run page links traced runs (runtime.tracing).
 RUNTIME_TRACE_URL = os.environ.get("RUNTIME_TRACE_URL", "")
 
-# The runtime's own knobs; read through runtime.conf, never at import time.
+# The runtime's own knobs; read through runtime.conf, never at import time. Durations have
+# upper bounds too: a lease or heartbeat of 1e13 s overflows the dates it is added to.
+DAY = 86_400
 RUNTIME_AGENTS = env_list(
     "RUNTIME_AGENTS", ["runtime.demo.agent.demo", "runtime.demo.agent.assistant"]
 )
 RUNTIME_ALLOW_SCRIPTED = env_bool("RUNTIME_ALLOW_SCRIPTED", True)
-RUNTIME_LEASE_SECONDS = env_number("RUNTIME_LEASE_SECONDS", 15, minimum=0.2)
-RUNTIME_HEARTBEAT_SECONDS = env_number("RUNTIME_HEARTBEAT_SECONDS", 5, minimum=0.1)
+RUNTIME_LEASE_SECONDS = env_number("RUNTIME_LEASE_SECONDS", 15, minimum=0.2, maximum=DAY)
+RUNTIME_HEARTBEAT_SECONDS = env_number("RUNTIME_HEARTBEAT_SECONDS", 5, minimum=0.1, maximum=DAY)
 # Silent worker rows holding no run are deleted after this long (0: never; runtime.registry).
-RUNTIME_WORKER_FORGET_SECONDS = env_number("RUNTIME_WORKER_FORGET_SECONDS", 3600, minimum=0)
-RUNTIME_POISON_CLAIMS = env_number("RUNTIME_POISON_CLAIMS", 3, minimum=1, integer=True)
-RUNTIME_POISON_DEATHS = env_number("RUNTIME_POISON_DEATHS", 20, minimum=1, integer=True)
-RUNTIME_MODEL_RETRIES = env_number("RUNTIME_MODEL_RETRIES", 4, minimum=0, integer=True)
-RUNTIME_MODEL_BACKOFF_SECONDS = env_number("RUNTIME_MODEL_BACKOFF_SECONDS", 0.5, minimum=0)
-RUNTIME_IDLE_POLL_SECONDS = env_number("RUNTIME_IDLE_POLL_SECONDS", 0.5, minimum=0.01)
+RUNTIME_WORKER_FORGET_SECONDS = env_number(
+    "RUNTIME_WORKER_FORGET_SECONDS", 3600, minimum=0, maximum=365 * DAY
+)
+RUNTIME_POISON_CLAIMS = env_number(
+    "RUNTIME_POISON_CLAIMS", 3, minimum=1, maximum=1000, integer=True
+)
+RUNTIME_POISON_DEATHS = env_number(
+    "RUNTIME_POISON_DEATHS", 20, minimum=1, maximum=1000, integer=True
+)
+RUNTIME_MODEL_RETRIES = env_number("RUNTIME_MODEL_RETRIES", 4, minimum=0, maximum=100, integer=True)
+RUNTIME_MODEL_BACKOFF_SECONDS = env_number(
+    "RUNTIME_MODEL_BACKOFF_SECONDS", 0.5, minimum=0, maximum=3600
+)
+RUNTIME_IDLE_POLL_SECONDS = env_number("RUNTIME_IDLE_POLL_SECONDS", 0.5, minimum=0.01, maximum=60)
 # The `assistant` agent's MCP servers (docs/real-models.md).
 RUNTIME_MCP_SERVERS = env_mcp_servers("RUNTIME_MCP_SERVERS")
 RUNTIME_DELEGATION_MAX_DEPTH = env_number(

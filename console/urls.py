@@ -4,7 +4,6 @@ from django.urls import include, path
 from console import health
 
 urlpatterns = [
-    path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),

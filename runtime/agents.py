@@ -81,8 +81,8 @@ def load_agent(path: str) -> Agent:
         agent = import_string(path)
         if callable(agent) and not isinstance(agent, Agent):
             agent = agent()
-    except Exception as exc:  # an import error, or whatever a factory raised
-        raise ImproperlyConfigured(f"RUNTIME_AGENTS: cannot load {path!r}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # an import error, whatever a factory raised
+        raise ImproperlyConfigured(f"RUNTIME_AGENTS: cannot load {path!r}: {exc!r}") from exc
     if not isinstance(agent, Agent):
         raise ImproperlyConfigured(
             f"RUNTIME_AGENTS: {path!r} is a {type(agent).__name__}, not a runtime Agent"
@@ -92,12 +92,20 @@ def load_agent(path: str) -> Agent:
 
 @cache
 def _registry(paths: tuple[str, ...]) -> dict[str, Agent]:
-    return {agent.name: agent for agent in map(load_agent, paths)}
+    loaded: dict[str, Agent] = {}
+    for path in paths:
+        agent = load_agent(path)
+        if agent.name in loaded:
+            raise ImproperlyConfigured(
+                f"RUNTIME_AGENTS: {path!r} is named {agent.name!r}, as an agent before it is"
+            )
+        loaded[agent.name] = agent
+    return loaded
 
 
 def registry() -> dict[str, Agent]:
     """Every registered agent by name (``settings.RUNTIME_AGENTS``); raises
-    ImproperlyConfigured when one cannot be loaded (``load_agent``)."""
+    ImproperlyConfigured when one cannot be loaded (``load_agent``) or two share a name."""
     return _registry(tuple(conf.agent_paths()))
 
 

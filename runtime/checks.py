@@ -14,16 +14,17 @@ from runtime import conf
 
 @checks.register()
 def agents_load(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """runtime.E001: every RUNTIME_AGENTS path loads to an Agent (runtime.agents.load_agent)."""
-    from runtime.agents import load_agent
+    """runtime.E001: RUNTIME_AGENTS names at least one agent, each path loads to an Agent,
+    and no two share a name (runtime.agents.registry)."""
+    from runtime.agents import registry
 
-    errors: list[checks.CheckMessage] = []
-    for path in conf.agent_paths():
-        try:
-            load_agent(path)
-        except ImproperlyConfigured as exc:
-            errors.append(checks.Error(str(exc), id="runtime.E001"))
-    return errors
+    if not conf.agent_paths():
+        return [checks.Error("RUNTIME_AGENTS names no agent", id="runtime.E001")]
+    try:
+        registry()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="runtime.E001")]
+    return []
 
 
 @checks.register()
@@ -57,6 +58,8 @@ def request_threads_within_pool(
         checks.Warning(
             f"RUNTIME_REQUEST_THREADS ({threads}) exceeds RUNTIME_DB_POOL_SIZE"
             f" ({pool['max_size']})",
+            hint="requests beyond the pool's size wait up to 30 s for a connection, then fail:"
+            " raise RUNTIME_DB_POOL_SIZE or lower RUNTIME_REQUEST_THREADS",
             id="runtime.W002",
         )
     ]

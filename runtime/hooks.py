@@ -36,3 +36,8 @@ def call_hooks(plugins: Iterable[Any], name: str, *args: Any) -> list[Any]:
             with staging.in_hook(name):
                 answers.append(method(*args))
     return answers
+
+
+def has_hook(plugins: Iterable[Any], name: str) -> bool:
+    """Whether any plugin has the hook ``name``."""
+    return any(getattr(plugin, name, None) is not None for plugin in plugins)

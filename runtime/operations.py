@@ -49,6 +49,7 @@ from runtime.errors import (
     ScriptRefused,
     VersionConflict,
 )
+from runtime.hooks import has_hook
 from runtime.models import CommandRecord, ReconciliationRecord, Thread, ToolCallRecord, new_id
 from runtime.providers.scripted import parse_script
 from runtime.tools import ToolArgumentsError
@@ -107,7 +108,7 @@ def start_run(
     empty or malformed input, NotFound for an unknown thread, RunAlreadyActive when the
     thread has a run that has not ended.
     """
-    get_agent(agent)
+    plugins = get_agent(agent).plugins
     metadata = dict(metadata or {})
     _storable(metadata, "metadata")
     _storable(input, "the input")
@@ -115,7 +116,8 @@ def start_run(
     if "script" in metadata:
         if not conf.allow_scripted():
             raise ScriptRefused("scripted runs are disabled (RUNTIME_ALLOW_SCRIPTED)")
-        parse_script(metadata["script"])
+        # A step_end hook may go on after a text-only answer (runtime.hooks).
+        parse_script(metadata["script"], text_ends_run=not has_hook(plugins, "step_end"))
     messages = _messages_from_input(input)
     run_id = child.run_id if child else uuid.uuid4().hex
     parent = (

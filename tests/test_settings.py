@@ -254,6 +254,25 @@ def test_env_number_refuses_what_is_not_finite(monkeypatch, raw):
         env_number(VAR, 15, minimum=0.2)
 
 
+def test_env_number_refuses_more_than_its_maximum(monkeypatch):
+    """A lease of 1e13 s parsed, then overflowed every date it was added to."""
+    monkeypatch.setenv(VAR, "1e13")
+    with pytest.raises(ImproperlyConfigured, match=f"{VAR} must be at most 86400, got '1e13'"):
+        env_number(VAR, 15, minimum=0.2, maximum=86_400)
+
+
+def test_env_number_says_when_a_whole_number_is_wanted(monkeypatch):
+    monkeypatch.setenv(VAR, "2.5")
+    with pytest.raises(ImproperlyConfigured, match=f"{VAR} must be a whole number, got '2.5'"):
+        env_number(VAR, 3, integer=True)
+
+
+def test_a_sqlite_file_in_a_missing_folder_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path}/missing/runtime.sqlite3"
+    with pytest.raises(ImproperlyConfigured, match=f"folder {tmp_path}/missing does not exist"):
+        env_database(VAR, url)
+
+
 def manage_py(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "manage.py", *args],
@@ -282,8 +301,14 @@ def test_a_var_dir_that_cannot_be_made_stops_manage_py_with_one_line(tmp_path):
             {"RUNTIME_AGENTS": "runtime.conf.lease_ttl"},
             "(runtime.E001) RUNTIME_AGENTS: 'runtime.conf.lease_ttl' is a timedelta",
         ),
+        ({"RUNTIME_AGENTS": ","}, "(runtime.E001) RUNTIME_AGENTS names no agent"),
+        (
+            {"RUNTIME_AGENTS": "runtime.demo.agent.demo,runtime.demo.agent.demo"},
+            "is named 'demo', as an agent before it is",
+        ),
+        ({"RUNTIME_AGENTS": "sys.exit"}, "cannot load 'sys.exit': SystemExit()"),
     ],
-    ids=["missing", "not-an-agent"],
+    ids=["missing", "not-an-agent", "none", "two-of-a-name", "exits"],
 )
 def test_an_agent_that_cannot_load_fails_the_check(tmp_path, env, said):
     done = manage_py("check", RUNTIME_VAR_DIR=str(tmp_path), **env)

@@ -297,11 +297,13 @@ def check_resume(run: RunView, command: ResumeCommand) -> None:
     if command.ticket_id != ticket.id or command.call_id not in (None, ticket.call_id):
         raise TicketMismatch(open_ticket=ticket.id, given=command.ticket_id)
     if command.kind is not ticket.kind or command.decision not in DECISIONS_FOR_KIND[ticket.kind]:
+        # Name what a person may send (a timer's deny is the runtime's own, on a cancel).
+        allowed = OPERATOR_DECISIONS[ticket.kind] or DECISIONS_FOR_KIND[ticket.kind]
         raise KindMismatch(
             ticket_kind=ticket.kind.value,
             given_kind=str(command.kind),
             decision=command.decision.value,
-            allowed=sorted(d.value for d in DECISIONS_FOR_KIND[ticket.kind]),
+            allowed=sorted(d.value for d in allowed),
         )
     if command.arguments is not None and (
         ticket.kind is not TicketKind.APPROVAL

@@ -28,6 +28,7 @@ from runtime.domain.model import (
     RunView,
     ToolCall,
 )
+from runtime.errors import ScriptRefused
 from runtime.hooks import call_hooks
 from runtime.models import StreamCheckpoint
 from runtime.providers import build_provider
@@ -78,8 +79,9 @@ def infer(d: RunDriver, agent: Agent, step: int) -> None:
     assert run is not None
     call_hooks(agent.plugins, "step_start", run)
     req = request(d, agent, run)
-    provider = build_provider(agent.provider, d.metadata)
+    provider = None
     try:
+        provider = _provider(agent, d.metadata)
         result = _with_retries(d, provider, req, step)
     except ModelError as exc:
         log.warning("run %s: inference failed for good: %s", d.run_id, exc)
@@ -93,6 +95,15 @@ def infer(d: RunDriver, agent: Agent, step: int) -> None:
     # A text-only answer ends the run unless a StepEnd hook asks for another step.
     proceed = any(call_hooks(agent.plugins, "step_end", run, result))
     _commit(d, agent, step, req, result, proceed)
+
+
+def _provider(agent: Agent, metadata: Mapping[str, Any]) -> Any:
+    """The run's model provider. A script stored before its rules tightened (start_run checks
+    new ones) fails the run as a model that refuses for good does, not as a crash."""
+    try:
+        return build_provider(agent.provider, metadata)
+    except ScriptRefused as exc:
+        raise ModelError(str(exc), provider="scripted", retryable=False) from exc
 
 
 def _with_retries(d: RunDriver, provider: Any, req: InferenceRequest, step: int) -> InferenceResult:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import (
     BaseModel,
@@ -22,9 +22,7 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
-    field_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from runtime.errors import ScriptRefused
 from runtime.providers.base import (
@@ -91,39 +89,41 @@ Step = Annotated[
 class Script(_Strict):
     steps: Annotated[list[Step], Field(max_length=1000)]
 
-    @field_validator("steps")
-    @classmethod
-    def _every_step_reachable(cls, steps: list[Any]) -> list[Any]:
-        """A text step answers without tool calls, which ends the run: a step after it
-        would never be used, so a script that has one is refused."""
-        for index, step in enumerate(steps[:-1]):
-            if isinstance(step, TextStep):
-                raise PydanticCustomError(
-                    "unreachable_step",
-                    "steps.{index} answers with text, which ends the run, so the {after}"
-                    " step(s) after it would never be used",
-                    {"index": index, "after": len(steps) - index - 1},
-                )
-        return steps
-
 
 _SCRIPT = TypeAdapter(Script)
 
 
-def parse_script(data: Any) -> Script:
+def parse_script(data: Any, *, text_ends_run: bool = False) -> Script:
     """Validate a script (a dict from run metadata); return it as a Script.
+
+    A step after a fatal error step is refused as never used (that error ends the run), and
+    so, with ``text_ends_run`` (the run's agent has no ``step_end`` hook that goes on after
+    a text-only answer), is a step after a text-only step.
 
     Raises ScriptRefused naming each problem by where it is (``steps.0.text: Field
     required``); ``detail["errors"]`` lists them as ``{"loc": [...], "msg": str}``.
     """
     try:
-        return _SCRIPT.validate_python(data)
+        script = _SCRIPT.validate_python(data)
     except ValidationError as exc:
         problems = [{"loc": _where(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
-        said = "; ".join(
-            f"{'.'.join(map(str, p['loc'])) or 'script'}: {p['msg']}" for p in problems
-        )
-        raise ScriptRefused(f"the script is malformed: {said}", errors=problems) from exc
+        _refuse(problems, exc)
+    for index, step in enumerate(script.steps[:-1]):
+        if isinstance(step, ErrorStep) and step.error == "fatal":
+            _refuse_after(index, "fails for good")
+        if text_ends_run and isinstance(step, TextStep):
+            _refuse_after(index, "answers with text only")
+    return script
+
+
+def _refuse_after(index: int, why: str) -> NoReturn:
+    problem = f"never used: steps.{index} {why}, which ends the run"
+    _refuse([{"loc": ["steps", index + 1], "msg": problem}])
+
+
+def _refuse(problems: list[dict[str, Any]], cause: Exception | None = None) -> NoReturn:
+    said = "; ".join(f"{'.'.join(map(str, p['loc'])) or 'script'}: {p['msg']}" for p in problems)
+    raise ScriptRefused(f"the script is malformed: {said}", errors=problems) from cause
 
 
 def _where(loc: tuple[int | str, ...]) -> list[int | str]:

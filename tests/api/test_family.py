@@ -152,6 +152,13 @@ def test_a_timer_is_fired_not_denied(api, start):
         f"/runs/{run['id']}/resume", {"ticket_id": ticket["id"], "kind": "timer", "result": "x"}
     )
     assert supplied.status_code == 409 and error_of(supplied)["code"] == "kind_mismatch"
+    as_approval = api.post(
+        f"/runs/{run['id']}/resume",
+        {"ticket_id": ticket["id"], "kind": "approval", "decision": "approve"},
+    )
+    error = error_of(as_approval)
+    assert (error["code"], error["detail"]["allowed"]) == ("kind_mismatch", ["approve"])
+    assert "(its decisions: approve)" in error["message"]
     assert _commits() == seen
     assert Ticket.objects.get(id=ticket["id"]).state == "open"
 

@@ -100,10 +100,14 @@ def test_a_script_refusal_names_each_problem_where_it_is(api):
         ([{"text": "ok", "delay_ms": "5"}], "steps.0.delay_ms: Input should be a valid integer"),
         (
             [{"text": "done"}, {"tool_calls": [{"name": "ledger_once"}]}],
-            "steps.0 answers with text, which ends the run, so the 1 step(s) after it",
+            "steps.1: never used: steps.0 answers with text only, which ends the run",
+        ),
+        (
+            [{"error": "fatal"}, {"text": "never"}],
+            "steps.1: never used: steps.0 fails for good, which ends the run",
         ),
     ],
-    ids=["bool-as-int", "string-as-int", "unreachable-step"],
+    ids=["bool-as-int", "string-as-int", "after-text", "after-fatal"],
 )
 def test_a_script_that_cannot_mean_what_it_says_is_refused(api, steps, said):
     body = {"agent": "demo", "input": "x", "metadata": {"script": {"steps": steps}}}

@@ -1,29 +1,35 @@
 """A 500 reaches the server's stderr (issue 12, item 4: none of the 500s seen was logged).
 
 The server (``manage.py runtime_serve``, as ``scripts/start`` runs it; daphne's own command
-line configures logging by itself) runs on a database it cannot open, so every request that
-needs the database fails; Django's ``django.request`` logger must report it on stderr. The
+line configures logging by itself) starts on a migrated SQLite file whose folder is then
+moved away, so every request that needs the database fails; Django's ``django.request``
+logger must report it on stderr. (It refuses to start on a database it cannot use.) The
 logger configuration is the LOGGING setting (issue 13); this test pins what issue 12 needs.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
 import httpx
 
-from tests.servers import free_port, serving
+from tests.servers import ROOT, free_port, serving
 
 
 def test_a_server_error_is_logged_to_stderr(tmp_path) -> None:
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="console.settings")
-    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'missing' / 'db.sqlite3'}"  # no such folder
+    folder = tmp_path / "db"
+    folder.mkdir()
+    env["DATABASE_URL"] = f"sqlite:///{folder / 'db.sqlite3'}"
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
     log, port = tmp_path / "server.log", free_port()
-    command = [sys.executable, "manage.py", "runtime_serve", "--no-worker", "--skip-checks"]
-    command += ["--port", str(port)]
+    command = [*manage, "runtime_serve", "--no-worker", "--skip-checks", "--port", str(port)]
     with serving(env, log, command=command, port=port) as url:
+        folder.rename(tmp_path / "gone")  # the file can no longer be opened
         headers = {"Authorization": "Bearer rt_x"}  # the token lookup needs the database
         response = httpx.get(f"{url}/api/v1/runs", headers=headers, timeout=30)
         assert response.status_code == 500

@@ -16,7 +16,11 @@ in-memory layer it serves with one, because live deltas published in one process
 the viewers connected to that same process.
 
 Each process opens its database connection pool before it serves (``runtime.db.open_pool``),
-so the first requests after a start do not wait for connections made one at a time.
+so the first requests after a start do not wait for connections made one at a time, and
+closes it when it stops (``close_pool``), so threads waiting for a connection do not hold
+the stop up. The command refuses to start when the database cannot be reached or has
+unapplied migrations (``database_problem``). On Linux a child that dies is started again
+(``Children``) and a child dies with the first process (``die_with``).
 
 The address is bound before anything else starts: a busy port stops the command (exit 1, with
 a message naming the address) before a worker registers. Stop with Ctrl-C or SIGTERM: the
@@ -27,6 +31,7 @@ its current boundary, releases its leases and records the stop); a second signal
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import socket
@@ -36,15 +41,19 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from channels.routing import get_default_application
 from daphne.server import Server
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS, connections
 
-from runtime.db import open_pool
+from console.health import check_migrations
+from runtime.db import close_pool, open_pool
 from runtime.worker import Worker
 
 MAX_AUTO_PROCESSES = 4
+PR_SET_PDEATHSIG = 1  # prctl(2)
 MANAGE = Path(__file__).resolve().parents[3] / "manage.py"
 
 
@@ -111,6 +120,7 @@ class Command(BaseCommand):
             help="server processes: a number, or auto (default; see the command's docs)",
         )
         parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a child's inherited socket
+        parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # a child's first process
         parser.add_argument(
             "--concurrency",
             type=int,
@@ -123,15 +133,19 @@ class Command(BaseCommand):
             help="serve only; run `manage.py runtime_worker` separately",
         )
 
-    def handle(self, *args, host, port, processes, fd, concurrency, no_worker, **options):
+    def handle(self, *args, host, port, processes, fd, parent, concurrency, no_worker, **options):
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
         count = self.process_count(processes)
         if fd is not None:  # a child: serve the address the first process bound
+            die_with(parent)
             self.serve(self.endpoints(self.child_socket(fd)))
             return
         # Bound first: a busy port stops the command before a worker registers or a child starts.
         sock = first_socket(host, port, count)
+        if (problem := database_problem()) is not None:
+            sock.close()
+            raise CommandError(problem)
         # A signal before daphne installs its handlers stops the server as soon as it runs.
         signal.signal(signal.SIGTERM, self.stop_early)
         signal.signal(signal.SIGINT, self.stop_early)
@@ -145,19 +159,13 @@ class Command(BaseCommand):
             f"console: http://{host}:{port}/   API: http://{host}:{port}/api/v1/docs"
             f"   ({count} server process{'es' if count > 1 else ''})"
         )
-        children: list[subprocess.Popen[bytes]] = []
+        children = None
         try:
-            children = [self.child(sock.fileno()) for _ in range(count - 1)]
+            children = Children(sock, count - 1, self.stderr)
             self.serve(self.endpoints(sock))
         finally:
-            for child in children:
-                child.terminate()
-            for child in children:
-                try:
-                    child.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
+            if children is not None:
+                children.stop()
             sock.close()
             if worker is not None and worker_thread is not None:
                 self.stop_worker(worker, worker_thread)
@@ -197,10 +205,6 @@ class Command(BaseCommand):
             raise CommandError("several server processes need a POSIX platform")
         return count
 
-    def child(self, fd: int) -> subprocess.Popen[bytes]:
-        command = [sys.executable, str(MANAGE), "runtime_serve", "--fd", str(fd)]
-        return subprocess.Popen(command, pass_fds=(fd,), stdin=subprocess.DEVNULL)
-
     def child_socket(self, fd: int) -> socket.socket:
         """A child's socket: on Linux its own, bound to the inherited socket's address (the
         inherited one is closed here; the first process keeps serving it), else the
@@ -220,7 +224,125 @@ class Command(BaseCommand):
         return [endpoint]
 
     def serve(self, endpoints: list[str]) -> None:
+        """Serve until stopped. Raises CommandError when daphne could not listen (it logs
+        why and stops; without this the command would exit 0 and no supervisor restart it)."""
         open_pool()  # before the first request, in every process
-        Server(
+        name_address_families()
+        server = Server(
             application=get_default_application(), endpoints=endpoints, signal_handlers=True
-        ).run()
+        )
+        try:
+            server.run()
+        finally:
+            close_pool()
+        if not server.listening_addresses:
+            raise CommandError(f"daphne could not listen on {endpoints}; see the error above")
+
+
+def database_problem() -> str | None:
+    """Why the server cannot serve from its database, or None. PostgreSQL is asked directly
+    with a 5 s timeout (through the pool, a missing database is a 30 s wait per request,
+    and then every request failed while /healthz said ok); then every migration must be
+    applied (else every page fails on a missing table)."""
+    settings_dict = connections[DEFAULT_DB_ALIAS].settings_dict
+    if connections[DEFAULT_DB_ALIAS].vendor == "postgresql":
+        try:
+            psycopg.connect(
+                dbname=settings_dict["NAME"],
+                user=settings_dict["USER"] or None,
+                password=settings_dict["PASSWORD"] or None,
+                host=settings_dict["HOST"] or None,
+                port=settings_dict["PORT"] or None,
+                connect_timeout=5,
+            ).close()
+        except psycopg.Error as exc:
+            reason = str(exc).strip().splitlines()[-1]
+            return f"cannot reach the database (DATABASE_URL): {reason}"
+    try:
+        check_migrations()
+    except RuntimeError as exc:
+        return f"the database is not migrated ({exc}): run manage.py migrate first"
+    finally:
+        connections.close_all()  # this thread serves nothing: give its connection back
+    return None
+
+
+class Children:
+    """The first process's children: started on a duplicate of the listening socket (daphne
+    closes the one it adopts), started again when one exits unasked (a crash must not halve
+    the server unnoticed), and stopped with the server."""
+
+    RESTART_SECONDS = 1.0  # how soon a dead child is noticed (and the pace of a crash loop)
+
+    def __init__(self, sock: socket.socket, count: int, log: Any) -> None:
+        self.fd = os.dup(sock.fileno())
+        os.set_inheritable(self.fd, True)
+        self.log = log
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.processes = [self._start() for _ in range(count)]
+        if count:
+            threading.Thread(target=self._keep, name="server-children", daemon=True).start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        command = [sys.executable, str(MANAGE), "runtime_serve", "--fd", str(self.fd)]
+        command += ["--parent", str(os.getpid())]
+        return subprocess.Popen(command, pass_fds=(self.fd,), stdin=subprocess.DEVNULL)
+
+    def _keep(self) -> None:
+        while not self.stopped.wait(self.RESTART_SECONDS):
+            with self.lock:
+                if self.stopped.is_set():
+                    return
+                for index, process in enumerate(self.processes):
+                    if process.poll() is not None:
+                        self.log.write(
+                            f"server process {process.pid} exited with code"
+                            f" {process.returncode}; starting another"
+                        )
+                        self.processes[index] = self._start()
+
+    def stop(self) -> None:
+        """Stop every child (SIGTERM, then SIGKILL after 10 s) and start no more."""
+        with self.lock:
+            self.stopped.set()
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        os.close(self.fd)
+
+
+def die_with(parent: int | None) -> None:
+    """Have the kernel stop this child (SIGTERM) when its first process dies, on Linux: a
+    first process killed with SIGKILL must not leave children serving its port without a
+    worker, and the port busy for its restart."""
+    if sys.platform != "linux" or parent is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def name_address_families() -> None:
+    """Twisted's ``fd`` endpoint parser passes ``domain=INET6`` on as the text "INET6", and
+    adopting the socket then fails ("Listen failure: INET6"): map the name to the address
+    family it names (AF_INET6) before daphne parses its endpoints."""
+    from twisted.plugins.fd_endpoint import _FDParser
+
+    parse = _FDParser._parseServer
+    if getattr(parse, "names_families", False):
+        return
+
+    def parse_named(self: Any, reactor: Any, fileno: str, domain: Any = socket.AF_INET) -> Any:
+        if isinstance(domain, str):
+            domain = getattr(socket, f"AF_{domain}")
+        return parse(self, reactor, fileno, domain)
+
+    parse_named.names_families = True  # type: ignore[attr-defined]
+    _FDParser._parseServer = parse_named  # type: ignore[method-assign]  # the fix above
