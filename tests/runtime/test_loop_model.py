@@ -61,7 +61,7 @@ def test_retryable_errors_beyond_the_budget_fail_the_run(start, work_inline, set
 
 
 def test_fatal_model_error_fails_the_run_with_the_error(start, work_inline):
-    run_id = start(tool_step(("ledger_once", {"key": "a"})), {"error": "fatal"}, text_step())
+    run_id = start(tool_step(("ledger_once", {"key": "a"})), {"error": "fatal"})
     work_inline()
     run = run_row(run_id)
     assert (run.state, run.end_cause, run.step) == ("ended", "failed", 1)
