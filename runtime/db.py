@@ -67,15 +67,6 @@ def open_pool() -> None:
         pool.open()
 
 
-def close_pool() -> None:
-    """Close this process's connection pool when it stops serving: threads still waiting
-    for a connection (the database is gone, say) fail at once instead of after the pool's
-    timeout, which held a stopping server for minutes. Connections already lent stay usable
-    until given back, so a stopping in-process worker still records its stop."""
-    if (pool := _pool()) is not None:
-        pool.close(timeout=5)
-
-
 def _pool() -> Any:
     """This process's psycopg_pool ConnectionPool, or None (SQLite, RUNTIME_DB_POOL_SIZE=0)."""
     return getattr(connections[DEFAULT_DB_ALIAS], "pool", None)

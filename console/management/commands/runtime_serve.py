@@ -16,11 +16,12 @@ in-memory layer it serves with one, because live deltas published in one process
 the viewers connected to that same process.
 
 Each process opens its database connection pool before it serves (``runtime.db.open_pool``),
-so the first requests after a start do not wait for connections made one at a time, and
-closes it when it stops (``close_pool``), so threads waiting for a connection do not hold
-the stop up. The command refuses to start when the database cannot be reached or has
-unapplied migrations (``database_problem``). On Linux a child that dies is started again
-(``Children``) and a child dies with the first process (``die_with``).
+so the first requests after a start do not wait for connections made one at a time. Once
+stopped, it exits at once (``leave``): a request thread left waiting (for the stopped event
+loop, or for a connection to a database that went away) must not hold the exit. The command
+refuses to start when the database cannot be reached or has unapplied migrations
+(``database_problem``). On Linux a child that dies is started again (``Children``) and a
+child dies with the first process (``die_with``).
 
 The address is bound before anything else starts: a busy port stops the command (exit 1, with
 a message naming the address) before a worker registers. Stop with Ctrl-C or SIGTERM: the
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -39,7 +41,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 from channels.routing import get_default_application
@@ -49,7 +51,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from console.health import check_migrations
-from runtime.db import close_pool, open_pool
+from runtime.db import open_pool
 from runtime.worker import Worker
 
 MAX_AUTO_PROCESSES = 4
@@ -140,7 +142,7 @@ class Command(BaseCommand):
         if fd is not None:  # a child: serve the address the first process bound
             die_with(parent)
             self.serve(self.endpoints(self.child_socket(fd)))
-            return
+            leave()
         # Bound first: a busy port stops the command before a worker registers or a child starts.
         sock = first_socket(host, port, count)
         if (problem := database_problem()) is not None:
@@ -169,6 +171,7 @@ class Command(BaseCommand):
             sock.close()
             if worker is not None and worker_thread is not None:
                 self.stop_worker(worker, worker_thread)
+        leave()
 
     def stop_early(self, signum, frame) -> None:
         from twisted.internet import reactor as installed  # daphne.server's asyncio reactor
@@ -231,10 +234,7 @@ class Command(BaseCommand):
         server = Server(
             application=get_default_application(), endpoints=endpoints, signal_handlers=True
         )
-        try:
-            server.run()
-        finally:
-            close_pool()
+        server.run()
         if not server.listening_addresses:
             raise CommandError(f"daphne could not listen on {endpoints}; see the error above")
 
@@ -315,6 +315,17 @@ class Children:
                 process.kill()
                 process.wait()
         os.close(self.fd)
+
+
+def leave() -> NoReturn:
+    """Exit 0 now that the server, its children and its worker have stopped. A request
+    thread may still wait for the event loop that stopped under it (a request running when
+    the stop came: /readyz's channel-layer check, say), and the interpreter would wait for
+    that thread for ever before exiting."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def die_with(parent: int | None) -> None:
