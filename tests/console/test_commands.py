@@ -52,3 +52,13 @@ def test_operator_creates_or_promotes(make_user):
     viewer = get_user_model().objects.get(username="vee")
     assert viewer.has_perm(OPERATE)
     assert sorted(viewer.groups.values_list("name", flat=True)) == ["operators", "viewers"]
+
+
+def test_operator_says_an_existing_users_password_is_unchanged(make_user):
+    make_user("olga", "viewers")
+    err = io.StringIO()
+    call_command(
+        "runtime_operator", "olga", "--password", "new-pass-123", stdout=io.StringIO(), stderr=err
+    )
+    assert "'olga' already existed: its password is unchanged" in err.getvalue()
+    assert authenticate(username="olga", password="new-pass-123") is None

@@ -6,6 +6,9 @@ from io import StringIO
 
 from django.core.management import call_command
 
+from runtime.domain.model import Decision, ResumeCommand, TicketKind
+from runtime.models import Ticket
+from runtime.operations import resume
 from tests.runtime.support import run_row, text_step, tool_step
 
 
@@ -36,3 +39,14 @@ def test_an_ended_run_prints_its_final_answer(start, work_inline):
 def test_a_running_run_has_no_answer_yet(start):
     run_id = start(text_step("later"))
     assert "answer:" not in show(run_id)
+
+
+def test_a_denied_call_says_so(start, work_inline):
+    run_id = start(tool_step(("ledger_approval", {"key": "b"})), text_step())
+    work_inline()
+    ticket = Ticket.objects.get(run_id=run_id, state="open")
+    command = ResumeCommand(ticket_id=ticket.id, kind=TicketKind.APPROVAL, decision=Decision.DENY)
+    resume(run_id, command)
+    work_inline()
+    (line,) = [line for line in show(run_id).splitlines() if "ledger_approval" in line]
+    assert " completed attempt=0 " in line and " error: Denied by operator" in line

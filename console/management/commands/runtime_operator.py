@@ -41,3 +41,8 @@ class Command(BaseCommand):
                 self.stdout.write(f"Password (shown once): {password}")
         else:
             self.stdout.write(self.style.SUCCESS(f"{username!r} is in the operators group."))
+            if options["password"] is not None:
+                self.stderr.write(
+                    f"{username!r} already existed: its password is unchanged"
+                    f" (manage.py changepassword {username} changes it)"
+                )

@@ -157,8 +157,11 @@ class Command(BaseCommand):
             worker_thread = threading.Thread(target=worker.run, name="worker", daemon=True)
             worker_thread.start()
             self.stdout.write(f"worker {worker.worker_id}: running in-process")
+        # The port bound (--port 0 picks one), and an IPv6 host in brackets, as URLs want it.
+        address = f"[{host}]" if ":" in host else host
+        base = f"http://{address}:{sock.getsockname()[1]}"
         self.stdout.write(
-            f"console: http://{host}:{port}/   API: http://{host}:{port}/api/v1/docs"
+            f"console: {base}/   API: {base}/api/v1/docs"
             f"   ({count} server process{'es' if count > 1 else ''})"
         )
         children = None

@@ -8,6 +8,7 @@ run has ended.
 from __future__ import annotations
 
 import json
+from textwrap import shorten
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -53,9 +54,11 @@ class Command(BaseCommand):
             mark = "finalized" if batch["finalized"] else "open"
             self.stdout.write(f"  step {batch['step']} batch ({mark})")
             for call in batch["calls"]:
+                # An error result (a denial, a refused argument) is said, not only in --json.
+                failed = f" error: {shorten(str(call['result']), 80)}" if call["is_error"] else ""
                 self.stdout.write(
                     f"    [{call['index']}] {call['name']} {call['phase']} "
-                    f"attempt={call['attempt']} op={call['operation_id']}"
+                    f"attempt={call['attempt']} op={call['operation_id']}{failed}"
                 )
         answer = final_answer(document)
         if answer is not None:
