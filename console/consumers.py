@@ -29,7 +29,7 @@ from typing import Any, TypedDict
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth import get_user_model
 
-from console.db import ACCESS_FRESH, SharedAnswers, off_loop
+from console.db import ACCESS_FRESH, ACCESS_SECONDS, SharedAnswers, off_loop
 from console.models import READ
 from runtime.live import ALL_RUNS_GROUP, bind_to_running_loop, run_group
 from runtime.models import Run, StreamCheckpoint, ThreadCommit
@@ -40,7 +40,6 @@ from runtime.untrusted import is_id
 NOT_FOUND = 4404
 FORBIDDEN = 4403
 WATCH_SECONDS = 1.0
-ACCESS_SECONDS = 2.0
 _ACCESS = SharedAnswers(fresh=ACCESS_FRESH)
 
 

@@ -32,8 +32,9 @@ def off_loop[**P, R](read: Callable[P, R]) -> Callable[P, Awaitable[R]]:
     return sync_to_async(functools.wraps(read)(read_and_close), thread_sensitive=False)
 
 
-# How old a shared answer to "may this reader still read?" may be: with a re-check every 2 s,
-# a revoked token's streams and a removed viewer's sockets end within 3 s.
+# How often an open stream or socket asks whether its reader may still read, and how old a
+# shared answer may be: a revoked token's streams and a removed viewer's sockets end within 3 s.
+ACCESS_SECONDS = 2.0
 ACCESS_FRESH = 1.0
 
 

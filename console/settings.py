@@ -69,6 +69,16 @@ def env_number(
     return value
 
 
+def make_var_dir(path: Path) -> None:
+    """Make ``path`` (under RUNTIME_VAR_DIR) if missing; ImproperlyConfigured if it cannot be."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"RUNTIME_VAR_DIR {path} cannot be made: {exc.strerror}"
+        ) from exc
+
+
 def env_mcp_servers(name: str) -> list:
     """Read MCP server definitions: JSON text (a list), or the path of a JSON file holding
     one; the shape is runtime.mcp.config.parse_servers'."""
@@ -126,13 +136,12 @@ def env_database(name: str, default: str) -> dj_database_url.DBConfig:
         if env_bool("RUNTIME_DB_PREPARE", True):
             options.update(server_side_binding=True, prepare_threshold=5)
         if pool_size := env_number("RUNTIME_DB_POOL_SIZE", 16, maximum=1000, integer=True):
-            # Under ASGI every request runs on a thread of its own and closes its connection
-            # at the end: without a pool each request (and each read of an open stream)
-            # opened a new PostgreSQL session, which cost the database more than the queries
-            # (issue 12, item 8). Django's pool (psycopg_pool) lends connections instead; a
-            # request waits up to `timeout` seconds when `max_size` are lent. A worker's
-            # threads keep theirs for life, on room the worker adds
-            # (runtime.db.reserve_connections).
+            # Every request (and each read of an open stream) gives its connection back at
+            # the end: without a pool each one opened a new PostgreSQL session, which cost
+            # the database more than the queries (issue 12, item 8). Django's pool
+            # (psycopg_pool) lends connections instead; a request waits up to `timeout`
+            # seconds when `max_size` are lent. A worker's threads keep theirs for life, on
+            # room the worker adds (runtime.db.reserve_connections).
             options["pool"] = {
                 "min_size": min(4, pool_size),
                 "max_size": pool_size,
@@ -213,10 +222,7 @@ TEMPLATES = [
     },
 ]
 
-try:
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-except OSError as exc:
-    raise ImproperlyConfigured(f"RUNTIME_VAR_DIR {VAR_DIR} cannot be made: {exc.strerror}") from exc
+make_var_dir(VAR_DIR)
 if not os.access(VAR_DIR, os.W_OK | os.X_OK):
     raise ImproperlyConfigured(f"RUNTIME_VAR_DIR {VAR_DIR} is not writable by this user")
 DATABASES = {"default": env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'runtime.sqlite3'}")}
@@ -280,12 +286,7 @@ if env_bool("DJANGO_HTTPS", False):
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
-try:
-    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-except OSError as exc:
-    raise ImproperlyConfigured(
-        f"RUNTIME_VAR_DIR: {STATIC_ROOT} cannot be made: {exc.strerror}"
-    ) from exc
+make_var_dir(STATIC_ROOT)
 # Served by WhiteNoise straight from the finders, so a fresh clone needs no collectstatic. In
 # production (RUNTIME_STATIC_MANIFEST=1, after `manage.py collectstatic`) files get hashed,
 # compressed names and are cached for ever by browsers and proxies.

@@ -37,7 +37,7 @@ from console.api.auth import read_auth, token_still_allows
 from console.api.documents import commit_document, ends_run
 from console.api.errors import errors
 from console.api.schemas import MAX_SEQ, Id
-from console.db import ACCESS_FRESH, SharedAnswers, off_loop
+from console.db import ACCESS_FRESH, ACCESS_SECONDS, SharedAnswers, off_loop
 from console.models import READ
 from runtime.errors import NotFound
 from runtime.live import bind_to_running_loop, run_group
@@ -46,7 +46,6 @@ from runtime.models import Run, ThreadCommit
 router = Router(tags=["runs"])
 
 POLL_SECONDS = 0.25  # the longest a commit from another process waits to be seen
-ACCESS_SECONDS = 2.0  # how often a stream asks whether its token still may read
 DRAIN_SECONDS = 0.05  # before the Ended commit: the wait for a delta still in transit
 KEEPALIVE_SECONDS = 15.0  # a comment line keeps proxies from closing an idle stream
 BATCH = 200  # commits read per query while catching up

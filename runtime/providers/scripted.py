@@ -65,10 +65,14 @@ class ErrorStep(_Strict):
     times: Annotated[int, Field(ge=1, le=100)] = 1
 
 
+# The key that only that kind of step has, in the order a step is judged by.
+STEP_KINDS = ("error", "tool_calls", "text")
+
+
 def _step_kind(value: Any) -> str | None:
     """Which step ``value`` is, by the key that only that kind has (None: no kind)."""
     if isinstance(value, dict):
-        return next((key for key in ("error", "tool_calls", "text") if key in value), None)
+        return next((key for key in STEP_KINDS if key in value), None)
     return None
 
 
@@ -129,7 +133,7 @@ def _refuse(problems: list[dict[str, Any]], cause: Exception | None = None) -> N
 def _where(loc: tuple[int | str, ...]) -> list[int | str]:
     """An error's place in the script, without the kind a step was judged as (its own key
     already says it: ``steps.0.tool_calls.0.name``, not ``steps.0.tool_calls.tool_calls...``)."""
-    if len(loc) > 2 and loc[0] == "steps" and loc[2] in ("error", "tool_calls", "text"):
+    if len(loc) > 2 and loc[0] == "steps" and loc[2] in STEP_KINDS:
         return [*loc[:2], *loc[3:]]
     return list(loc)
 

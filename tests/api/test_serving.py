@@ -34,6 +34,28 @@ pytestmark = pytest.mark.django_db(transaction=True)
 STREAMS = 5
 
 
+def follow_all(
+    base: str, run_ids: list[str], headers: dict[str, str], seconds: float
+) -> list[threading.Thread]:
+    """Follow each run's event stream for ``seconds``, each on a thread of its own; return
+    the threads once every stream has answered."""
+    opened = threading.Semaphore(0)
+
+    def follow(run_id: str) -> None:
+        url = f"{base}{BASE}/runs/{run_id}/events?timeout={seconds}"
+        with httpx.stream("GET", url, headers=headers, timeout=60) as response:
+            opened.release()
+            for _ in response.iter_text():
+                pass
+
+    readers = [threading.Thread(target=follow, args=(r,), daemon=True) for r in run_ids]
+    for reader in readers:
+        reader.start()
+    for _ in run_ids:
+        assert opened.acquire(timeout=30)
+    return readers
+
+
 def test_requests_are_served_while_stream_reads_are_blocked(make_user, start, daphne) -> None:
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL's table locks to hold the streams' reads")
@@ -41,23 +63,11 @@ def test_requests_are_served_while_stream_reads_are_blocked(make_user, start, da
     headers = {"Authorization": f"Bearer {token}"}
     runs = [start(APPROVAL) for _ in range(STREAMS)]
     drive()
-    opened = threading.Semaphore(0)
-
-    def follow(run_id: str) -> None:
-        url = f"{daphne}{BASE}/runs/{run_id}/events?timeout=8"
-        with httpx.stream("GET", url, headers=headers, timeout=60) as response:
-            opened.release()
-            for _ in response.iter_text():
-                pass
-
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("LOCK TABLE runtime_threadcommit IN ACCESS EXCLUSIVE MODE")
-        readers = [threading.Thread(target=follow, args=(r["id"],), daemon=True) for r in runs]
-        for reader in readers:
-            reader.start()
-        for _ in runs:  # each stream has started (its first read of the log now waits)
-            assert opened.acquire(timeout=30)
+        # Each stream has started (its first read of the log now waits).
+        readers = follow_all(daphne, [r["id"] for r in runs], headers, seconds=8)
         began = time.monotonic()
         response = httpx.get(f"{daphne}{BASE}/runs", headers=headers, timeout=30)
         took = time.monotonic() - began
@@ -158,23 +168,10 @@ def test_an_open_stream_holds_no_database_connection(
             )
             return cursor.fetchone()[0]
 
-    opened = threading.Semaphore(0)
     env = {**subprocess_env, "RUNTIME_DB_POOL_SIZE": "0"}
     with serving(env, tmp_path / "daphne.log") as url:
-
-        def follow(run_id: str) -> None:
-            events = f"{url}{BASE}/runs/{run_id}/events?timeout=5"
-            with httpx.stream("GET", events, headers=headers, timeout=60) as response:
-                opened.release()
-                for _ in response.iter_text():
-                    pass
-
         before = sessions()
-        readers = [threading.Thread(target=follow, args=(r["id"],), daemon=True) for r in runs]
-        for reader in readers:
-            reader.start()
-        for _ in runs:
-            assert opened.acquire(timeout=30)
+        readers = follow_all(url, [r["id"] for r in runs], headers, seconds=5)
         time.sleep(1)  # every stream has read its commits and waits
         during = sessions() - before
         for reader in readers:

@@ -247,17 +247,10 @@ def database_problem() -> str | None:
     with a 5 s timeout (through the pool, a missing database is a 30 s wait per request,
     and then every request failed while /healthz said ok); then every migration must be
     applied (else every page fails on a missing table)."""
-    settings_dict = connections[DEFAULT_DB_ALIAS].settings_dict
-    if connections[DEFAULT_DB_ALIAS].vendor == "postgresql":
+    database = connections[DEFAULT_DB_ALIAS]
+    if database.vendor == "postgresql":
         try:
-            psycopg.connect(
-                dbname=settings_dict["NAME"],
-                user=settings_dict["USER"] or None,
-                password=settings_dict["PASSWORD"] or None,
-                host=settings_dict["HOST"] or None,
-                port=settings_dict["PORT"] or None,
-                connect_timeout=5,
-            ).close()
+            psycopg.connect(**database.get_connection_params(), connect_timeout=5).close()
         except psycopg.Error as exc:
             reason = str(exc).strip().splitlines()[-1]
             return f"cannot reach the database (DATABASE_URL): {reason}"
