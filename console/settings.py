@@ -341,6 +341,13 @@ RUNTIME_MODEL_BACKOFF_SECONDS = env_number(
     "RUNTIME_MODEL_BACKOFF_SECONDS", 0.5, minimum=0, maximum=3600
 )
 RUNTIME_IDLE_POLL_SECONDS = env_number("RUNTIME_IDLE_POLL_SECONDS", 0.5, minimum=0.01, maximum=60)
+# A worker's database and tool threads, each keeping one connection (runtime/worker.py).
+RUNTIME_WORKER_DB_CONNECTIONS = env_number(
+    "RUNTIME_WORKER_DB_CONNECTIONS", 4, minimum=1, maximum=100, integer=True
+)
+RUNTIME_WORKER_TOOL_THREADS = env_number(
+    "RUNTIME_WORKER_TOOL_THREADS", 4, minimum=1, maximum=1000, integer=True
+)
 # The `assistant` agent's MCP servers (docs/real-models.md).
 RUNTIME_MCP_SERVERS = env_mcp_servers("RUNTIME_MCP_SERVERS")
 RUNTIME_DELEGATION_MAX_DEPTH = env_number(

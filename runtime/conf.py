@@ -47,6 +47,20 @@ def poison_deaths() -> int:
     return int(_get("RUNTIME_POISON_DEATHS", 20))
 
 
+def worker_db_connections() -> int:
+    """The database threads of a worker process, each keeping one connection: all its
+    statements run there, however many runs it has in flight (RUNTIME_WORKER_DB_CONNECTIONS,
+    default 4)."""
+    return int(_get("RUNTIME_WORKER_DB_CONNECTIONS", 4))
+
+
+def worker_tool_threads() -> int:
+    """The threads a worker process runs ``def`` tools on, so at most that many at once
+    (``async def`` tools run on its event loop, unbounded); each keeps a connection once a
+    tool used the database (RUNTIME_WORKER_TOOL_THREADS, default 4)."""
+    return int(_get("RUNTIME_WORKER_TOOL_THREADS", 4))
+
+
 def idle_poll_seconds() -> float:
     """The longest a worker sleeps between looks when nothing wakes it (default 0.5 s)."""
     return float(_get("RUNTIME_IDLE_POLL_SECONDS", 0.5))

@@ -140,8 +140,8 @@ def inference_observed(
             INFERENCE_TOKENS.labels(provider, model, direction).inc(count)
 
 
-def measure_inference(provider: Any, request: Any, ctx: Any) -> Any:
-    """Call ``provider.infer(request, ctx)`` and record it with ``inference_observed``
+async def measure_inference(provider: Any, request: Any, ctx: Any) -> Any:
+    """Await ``provider.infer(request, ctx)`` and record it with ``inference_observed``
     (labels: the provider's ``name``, ``request.model``) and in a ``chat MODEL`` span
     (runtime.tracing). Returns its InferenceResult; ModelError and any other exception pass
     through."""
@@ -151,7 +151,7 @@ def measure_inference(provider: Any, request: Any, ctx: Any) -> Any:
     name = getattr(provider, "name", type(provider).__name__)
     with tracing.inference_span(name, request.model or "default") as span:
         try:
-            result = provider.infer(request, ctx)
+            result = await provider.infer(request, ctx)
         except ModelError as exc:
             seconds = time.perf_counter() - started
             inference_observed(name, request.model, seconds, error=exc.retryable)

@@ -4,8 +4,8 @@ recovery policy, plus an approval-gated one, an input-asking one and a slow one,
 
 from __future__ import annotations
 
+import asyncio
 import os
-import time
 from typing import Annotated, Any
 
 from django.db import connection
@@ -93,9 +93,10 @@ def ask_input(
 
 
 @tool(policy=RecoveryPolicy.REPLAY, max_attempts=3)
-def slow(ctx: ToolContext, seconds: Annotated[float, Field(ge=0, le=3600)]) -> dict[str, Any]:
-    """Wait the given number of seconds (replay-safe)."""
-    time.sleep(seconds)
+async def slow(ctx: ToolContext, seconds: Annotated[float, Field(ge=0, le=3600)]) -> dict[str, Any]:
+    """Wait the given number of seconds (replay-safe). An ``async def`` tool: while it waits
+    it holds no thread of the worker."""
+    await asyncio.sleep(seconds)
     return {"slept": seconds}
 
 

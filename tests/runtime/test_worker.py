@@ -148,7 +148,7 @@ def test_racing_workers_one_owner_per_run(start, spawn_worker):
     ]
     # Leases long enough that a loaded machine never lets one lapse under a live heartbeat.
     workers = [
-        spawn_worker(worker_id="alpha", concurrency=2, RUNTIME_LEASE_SECONDS="5"),
+        spawn_worker(worker_id="alpha", max_inflight=2, RUNTIME_LEASE_SECONDS="5"),
         spawn_worker(worker_id="beta", RUNTIME_LEASE_SECONDS="5"),
     ]
     for each in workers:

@@ -52,7 +52,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from console.health import check_migrations
 from runtime.db import open_pool
-from runtime.worker import Worker
+from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
 
 MAX_AUTO_PROCESSES = 4
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -124,20 +124,25 @@ class Command(BaseCommand):
         parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a child's inherited socket
         parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # a child's first process
         parser.add_argument(
-            "--concurrency",
+            "--max-inflight",
             type=int,
-            default=2,
-            help="runs the in-process worker drives at once (default 2)",
+            default=DEFAULT_MAX_INFLIGHT,
+            help=f"runs the in-process worker drives at once (default {DEFAULT_MAX_INFLIGHT})",
         )
+        parser.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
         parser.add_argument(
             "--no-worker",
             action="store_true",
             help="serve only; run `manage.py runtime_worker` separately",
         )
 
-    def handle(self, *args, host, port, processes, fd, parent, concurrency, no_worker, **options):
-        if concurrency < 1:
-            raise CommandError("--concurrency must be at least 1")
+    def handle(
+        self, *args, host, port, processes, fd, parent, max_inflight, concurrency, no_worker, **o
+    ):
+        if concurrency is not None:
+            raise CommandError("--concurrency is replaced by --max-inflight N")
+        if max_inflight < 1:
+            raise CommandError("--max-inflight must be at least 1")
         count = self.process_count(processes)
         if fd is not None:  # a child: serve the address the first process bound
             die_with(parent)
@@ -153,7 +158,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, self.stop_early)
         worker, worker_thread = None, None
         if not no_worker:
-            worker = Worker(concurrency=concurrency)
+            worker = Worker(max_inflight=max_inflight)
             worker_thread = threading.Thread(target=worker.run, name="worker", daemon=True)
             worker_thread.start()
             self.stdout.write(f"worker {worker.worker_id}: running in-process")
