@@ -39,7 +39,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
 
-from runtime import codec, conf, metrics, registry, timers
+from runtime import codec, conf, logs, metrics, registry, timers
 from runtime.coordinator import WAKE_CHANNEL, Lease
 from runtime.db import db_later, db_now, keep_usable, reserve_connections
 from runtime.domain.model import EndCause, RunState
@@ -273,6 +273,7 @@ class Worker:
         asyncio.run(self.serve())
 
     async def serve(self) -> None:
+        logs.bind(worker_id=self.worker_id)  # the drivers' tasks inherit it
         self.loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
         db = ThreadPool(conf.worker_db_connections(), "db")

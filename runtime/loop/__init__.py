@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 
+from asgiref.sync import async_to_sync
+
 from runtime import logs, tracing
 from runtime.coordinator import Lease
 from runtime.domain.model import RunView
@@ -24,7 +26,16 @@ from runtime.loop.boundary import Abandon, Boundary, Services
 from runtime.loop.driver import Frontier, RunDriver
 from runtime.loop.threads import ThreadPool
 
-__all__ = ["Abandon", "Boundary", "Frontier", "RunDriver", "Services", "ThreadPool", "drive"]
+__all__ = [
+    "Abandon",
+    "Boundary",
+    "Frontier",
+    "RunDriver",
+    "Services",
+    "ThreadPool",
+    "drive",
+    "drive_inline",
+]
 
 
 async def drive(
@@ -50,3 +61,15 @@ async def drive(
                 release=release,
                 frontier=frontier,
             ).drive()
+
+
+def drive_inline(run_id: str, *, lease: Lease, frontier: Frontier | None = None) -> RunView | None:
+    """``drive`` from a synchronous caller (a test, a one-off command): the run's statements
+    run on the calling thread, its ``def`` tools on a thread of their own for this call."""
+    tools = ThreadPool(1, "tools")
+    services = Services.inline(tools)
+    try:
+        return async_to_sync(drive)(run_id, lease=lease, services=services, frontier=frontier)
+    finally:
+        async_to_sync(services.providers.close)()
+        tools.close()

@@ -85,8 +85,12 @@ class Boundary(Protocol):
     run_id: str
     worker_id: str
     lease: Lease
-    metadata: Mapping[str, Any]
     services: Services
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """The run's metadata."""
+        ...
 
     @property
     def run(self) -> RunView | None:
