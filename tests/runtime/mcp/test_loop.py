@@ -5,7 +5,6 @@ gates honoured, sessions closed with the claim."""
 from __future__ import annotations
 
 import asyncio
-
 import json
 import os
 import signal
