@@ -59,6 +59,15 @@ def reserve_connections(count: int) -> None:
         pool.resize(pool.min_size, pool.max_size + count)
 
 
+def size_pool(count: int) -> None:
+    """Size this process's connection pool to exactly ``count`` connections, for a process
+    whose only users of the database are ``count`` threads that keep one each for their
+    whole life (a worker process): it never opens one more. Without a pool (SQLite, or
+    RUNTIME_DB_POOL_SIZE=0) each of those threads opens its own."""
+    if (pool := _pool()) is not None:
+        pool.resize(count, count)
+
+
 def open_pool() -> None:
     """Open this process's connection pool now: its ``min_size`` connections are made in the
     background, so the first requests after a start (every client reconnecting at once) do

@@ -41,7 +41,7 @@ from django.db.models.functions import Greatest
 
 from runtime import codec, conf, logs, metrics, registry, timers
 from runtime.coordinator import WAKE_CHANNEL, Lease
-from runtime.db import db_later, db_now, keep_usable, reserve_connections
+from runtime.db import db_later, db_now, keep_usable, reserve_connections, size_pool
 from runtime.domain.model import EndCause, RunState
 from runtime.errors import LeaseLost
 from runtime.loop import Frontier, Services, ThreadPool, drive
@@ -201,7 +201,8 @@ class Worker:
     """Drives up to ``max_inflight`` runs at once until stopped (or idle, with until_idle).
 
     ``run()`` serves on an event loop of its own in the calling thread and returns once
-    stopped; ``stop()`` (from any thread, or a signal handler) asks every driver to finish its
+    stopped (``shares_process``: the process also serves requests, whose connections the
+    worker's pool keeps room for); ``stop()`` (from any thread, or a signal handler) asks every driver to finish its
     current boundary. ``step()`` claims and drives one run on the calling thread instead.
     """
 
@@ -211,12 +212,14 @@ class Worker:
         worker_id: str | None = None,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
         until_idle: bool = False,
+        shares_process: bool = False,
     ) -> None:
         if max_inflight < 1:
             raise ValueError(f"max_inflight must be at least 1, got {max_inflight}")
         self.worker_id = worker_id or default_worker_id()
         self.max_inflight = max_inflight
         self.until_idle = until_idle
+        self.shares_process = shares_process  # with a server's requests (runtime_serve)
         self.stopping = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.wake = asyncio.Event()
@@ -278,8 +281,12 @@ class Worker:
         self.wake = asyncio.Event()
         db = ThreadPool(conf.worker_db_connections(), "db")
         tools = ThreadPool(conf.worker_tool_threads(), "tools")
-        # Each of those threads keeps a connection for its whole life.
-        reserve_connections(db.size + tools.size)
+        # Each of those threads keeps a connection for its whole life: the pool holds as many
+        # (more for the requests of a server that the worker runs in).
+        if self.shares_process:
+            reserve_connections(db.size + tools.size)
+        else:
+            size_pool(db.size + tools.size)
         services = Services(db=db.run, tools=tools, providers=Providers())
         commit_announced.connect(self._on_commit, weak=False, dispatch_uid=id(self))
         # Registered before the worker claims anything, so a held run always names a known

@@ -158,7 +158,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, self.stop_early)
         worker, worker_thread = None, None
         if not no_worker:
-            worker = Worker(max_inflight=max_inflight)
+            worker = Worker(max_inflight=max_inflight, shares_process=True)
             worker_thread = threading.Thread(target=worker.run, name="worker", daemon=True)
             worker_thread.start()
             self.stdout.write(f"worker {worker.worker_id}: running in-process")
