@@ -31,7 +31,7 @@ from django.db.models import Count, Max, Q
 from django.utils.dateparse import parse_datetime
 
 from runtime import codec, fsck, inventory
-from runtime.coordinator import commit
+from runtime.commits import commit
 from runtime.domain.commit import CommitDraft, fold
 from runtime.domain.model import RunState
 from runtime.errors import ImportRefused, InvalidCommit, NotFound, RuntimeFault

@@ -202,8 +202,9 @@ class Worker:
 
     ``run()`` serves on an event loop of its own in the calling thread and returns once
     stopped (``shares_process``: the process also serves requests, whose connections the
-    worker's pool keeps room for); ``stop()`` (from any thread, or a signal handler) asks every driver to finish its
-    current boundary. ``step()`` claims and drives one run on the calling thread instead.
+    worker's pool keeps room for); ``stop()`` (from any thread, or a signal handler) asks
+    every driver to finish its current boundary. ``step()`` claims and drives one run on the
+    calling thread instead.
     """
 
     def __init__(

@@ -228,7 +228,8 @@ def make_thread():
 def make_run(make_thread):
     """Return ``make(thread_id=None, *, run_id=None, **activate_kwargs) -> RunView``: a run
     activated through the commit coordinator (on a new thread unless ``thread_id``)."""
-    from runtime.coordinator import commit, read_head
+    from runtime.commits import commit
+    from runtime.coordinator import read_head
     from tests.domain import drafts
 
     def make(thread_id: str | None = None, *, run_id: str | None = None, **kwargs):
@@ -257,7 +258,8 @@ def make_calls():
 def drive():
     """Return ``drive(build, run_id, *args, **kwargs) -> Committed``: build a commit with a
     tests.domain.drafts builder from the run's committed state and head, and write it."""
-    from runtime.coordinator import commit, read_head, read_run
+    from runtime.commits import commit
+    from runtime.coordinator import read_head, read_run
 
     def apply(build, run_id: str, *args, **kwargs):
         run = read_run(run_id)

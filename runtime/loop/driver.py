@@ -23,7 +23,8 @@ from typing import Any
 
 from runtime import logs, staging, tracing
 from runtime.agents import Agent, get_agent
-from runtime.coordinator import Committed, Lease, commit, read_frontier
+from runtime.commits import commit
+from runtime.coordinator import Committed, Lease, read_frontier
 from runtime.crash import crash_point
 from runtime.domain import recovery as rec
 from runtime.domain.commit import CommitDraft, end_cause_reason, ending, publication, stage
@@ -392,7 +393,7 @@ def commit_fenced(draft: CommitDraft, lease: Lease, before: RunView) -> Committe
 
     A conflict caused only by thread notes (reconciliations of earlier runs) landing first is
     retried at the thread's new version, up to NOTE_RETRIES times: the run itself did not
-    move, so the same decision still holds. Raises what ``coordinator.commit`` raises.
+    move, so the same decision still holds. Raises what ``runtime.commits.commit`` raises.
     """
     for attempt in range(NOTE_RETRIES):
         head = ThreadHead(

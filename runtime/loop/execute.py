@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from runtime import delegation, timers
+from runtime import operations, timers
 from runtime.agents import Agent
 from runtime.crash import crash_point
 from runtime.domain import recovery as rec
@@ -85,14 +85,14 @@ async def execute(
 
 
 async def delegate(d: Boundary, call: ToolCall, tool: Tool, arguments: dict[str, Any]) -> None:
-    """Start the Executing delegate call's child (see runtime.delegation); a child that cannot
-    start completes the call with the reason."""
+    """Start the Executing delegate call's child (``operations.start_child``); a child that
+    cannot start completes the call with the reason."""
     assert d.run is not None
     current = d.run.find_call(call.call_id)
     assert current is not None
     run = d.run
     failed = await d.commit_around(
-        lambda commit_parent: delegation.start_child(run, current, tool, arguments, commit_parent)
+        lambda commit_parent: operations.start_child(run, current, tool, arguments, commit_parent)
     )
     if failed is not None:
         d.stage_result(

@@ -23,7 +23,8 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from console.models import ApiToken
-from runtime.coordinator import commit, read_head, read_run
+from runtime.commits import commit
+from runtime.coordinator import read_head, read_run
 from runtime.domain.commit import CommitDraft
 from runtime.domain.events import CallExecuting
 from runtime.domain.model import Disposition
