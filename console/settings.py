@@ -206,6 +206,12 @@ ASGI_APPLICATION = "console.asgi.application"
 RUNTIME_REQUEST_THREADS = env_number(
     "RUNTIME_REQUEST_THREADS", 8, minimum=1, maximum=256, integer=True
 )
+# The largest WebSocket message a client may send (bytes; console.consumers refuses larger
+# ones with 4400, and runtime_serve has daphne refuse them with 1009 before reading them).
+# The live stream takes nothing from clients, so a small bound costs nothing.
+RUNTIME_WS_MAX_MESSAGE_BYTES = env_number(
+    "RUNTIME_WS_MAX_MESSAGE_BYTES", 65_536, minimum=1024, maximum=64 * 1024 * 1024, integer=True
+)
 
 TEMPLATES = [
     {

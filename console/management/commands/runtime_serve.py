@@ -50,6 +50,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from console.consumers import max_message_bytes
 from console.health import check_migrations
 from runtime.db import open_pool
 from runtime.worker import Worker
@@ -234,12 +235,29 @@ class Command(BaseCommand):
         why and stops; without this the command would exit 0 and no supervisor restart it)."""
         open_pool()  # before the first request, in every process
         name_address_families()
+        limit = max_message_bytes()
         server = Server(
-            application=get_default_application(), endpoints=endpoints, signal_handlers=True
+            application=get_default_application(),
+            endpoints=endpoints,
+            signal_handlers=True,
+            websocket_max_message_size=limit,
+            websocket_max_frame_size=limit,
         )
+        # The reactor daphne.server installed (importing it any earlier would install another).
+        from twisted.internet import reactor
+
+        reactor.callWhenRunning(close_oversized_sockets, server)
         server.run()
         if not server.listening_addresses:
             raise CommandError(f"daphne could not listen on {endpoints}; see the error above")
+
+
+def close_oversized_sockets(server: Server) -> None:
+    """Make daphne answer a WebSocket message over the size limit with a close frame (1009,
+    "message too big") instead of dropping the connection (autobahn's ``failByDrop``, on for
+    servers): a client then learns why. Called once the reactor runs, when ``server.run``
+    has made its WebSocket factory."""
+    server.ws_factory.setProtocolOptions(failByDrop=False)
 
 
 def database_problem() -> str | None:
