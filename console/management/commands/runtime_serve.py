@@ -47,12 +47,13 @@ import psycopg
 from channels.routing import get_default_application
 from daphne.server import Server
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from console.consumers import max_message_bytes
 from console.health import check_migrations
 from runtime.db import open_pool
+from runtime.management.base import RuntimeCommand
 from runtime.worker import Worker
 
 MAX_AUTO_PROCESSES = 4
@@ -111,7 +112,7 @@ def first_socket(host: str, port: int, processes: int) -> socket.socket:
     return listening_socket(address[0], address[1], family=family, reuse_port=True)
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Serve the console and API with daphne (several processes), with an in-process worker."
 
     def add_arguments(self, parser):
