@@ -187,3 +187,10 @@ def test_a_closed_stdout_ends_a_command_quietly(subprocess_env, start, work_inli
     _, err = process.communicate(timeout=60)
     assert err == "", err
     assert process.returncode == 1
+
+
+def test_runtime_start_names_the_known_agents_and_the_setting(command) -> None:
+    """Issue 21, item 7: an agent missing from RUNTIME_AGENTS is said to be missing there."""
+    done = command("runtime_start", "--agent", "fx", "--input", "go")
+    one_line_refusal(done, 1, "unknown agent 'fx'; the known agents are assistant, demo.")
+    assert "RUNTIME_AGENTS" in done.stderr
