@@ -31,7 +31,7 @@ def heartbeat_seconds() -> float:
     return float(_get("RUNTIME_HEARTBEAT_SECONDS", lease_ttl().total_seconds() / 3))
 
 
-HEARTBEATS_PER_LEASE = 3  # a lease outlives two missed heartbeats (etcd's keep-alive is TTL/3)
+HEARTBEATS_PER_LEASE = 3  # a lease outlives a missed heartbeat (etcd renews at a third of a TTL)
 
 
 def heartbeat_problem(heartbeat: float, lease: float) -> str | None:

@@ -1,6 +1,7 @@
 """Create the first operator: ``manage.py runtime_bootstrap [--username U] [--password P]``.
 
-Only when no user exists yet, so running it again is harmless. The operator is staff: it may
+Only when no user exists yet, so running it again is harmless. The username is held to
+Django's username validator (a refusal exits 2). The operator is staff: it may
 manage users and groups in ``/admin/`` and view the runtime's tables there (read only).
 Without ``--password`` a random password is generated and printed once.
 """

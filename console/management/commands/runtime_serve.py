@@ -254,10 +254,10 @@ class Command(RuntimeCommand):
 
 
 def close_oversized_sockets(server: Server) -> None:
-    """Make daphne answer a WebSocket message over the size limit with a close frame (1009,
-    "message too big") instead of dropping the connection (autobahn's ``failByDrop``, on for
-    servers): a client then learns why. Called once the reactor runs, when ``server.run``
-    has made its WebSocket factory."""
+    """Make daphne fail a WebSocket connection with a close frame instead of dropping it
+    (autobahn's ``failByDrop``, on for servers): a message over the size limit gets 1009
+    ("message too big"), a text frame that is not UTF-8 1007, so a client learns why. Called
+    once the reactor runs, when ``server.run`` has made its WebSocket factory."""
     server.ws_factory.setProtocolOptions(failByDrop=False)
 
 
