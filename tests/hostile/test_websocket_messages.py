@@ -135,8 +135,9 @@ def _session_cookie() -> str:
 def test_runtime_serve_closes_on_an_oversized_or_hostile_message(
     subprocess_env, tmp_path: Path
 ) -> None:
-    """A 10 MB message gets daphne's close frame (1009), not a dropped connection; a hostile
-    one gets the consumer's 4400 and error event; the server logs no traceback."""
+    """A 10 MB message gets daphne's close frame (1009), not a dropped connection, as does a
+    text frame that is not UTF-8 (1007); a hostile one gets the consumer's 4400 and error
+    event; the server logs no traceback."""
     port, log = free_port(), tmp_path / "serve.log"
     command = [sys.executable, "manage.py", "runtime_serve", "--no-worker", "--port", str(port)]
     cookie = _session_cookie()
@@ -157,4 +158,10 @@ def test_runtime_serve_closes_on_an_oversized_or_hostile_message(
             with pytest.raises(ConnectionClosed) as closed:
                 socket.recv(timeout=30)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == BAD_MESSAGE
+        with connect(ws_url, additional_headers=headers, open_timeout=30) as socket:
+            assert '"hello"' in str(socket.recv(timeout=30))
+            with pytest.raises(ConnectionClosed) as closed:
+                socket.send(b'"\xff\xfe"', text=True)  # a text frame that is not UTF-8
+                socket.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
