@@ -29,13 +29,13 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.staticfiles.storage import staticfiles_storage
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.migrations.executor import MigrationExecutor
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from runtime import metrics
+from runtime.db import unapplied_migrations
 
 NO_STORE = b"max-age=0, no-cache, no-store, must-revalidate, private"
 
@@ -63,11 +63,9 @@ def check_database() -> str:
 
 def check_migrations() -> str:
     """ "ok" when no migration is unapplied; raises RuntimeError naming the first few."""
-    executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
-    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
-    if plan:
-        names = ", ".join(f"{m.app_label}.{m.name}" for m, _ in plan[:3])
-        raise RuntimeError(f"{len(plan)} unapplied: {names}")
+    unapplied = unapplied_migrations()
+    if unapplied:
+        raise RuntimeError(f"{len(unapplied)} unapplied: {', '.join(unapplied[:3])}")
     return "ok"
 
 

@@ -13,9 +13,18 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, NotSupportedError, connection, connections
+from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Expression, Value
 from django.db.models.functions import Now
 from django.utils import timezone
+
+
+def unapplied_migrations() -> list[str]:
+    """The migrations the default database lacks, in the order ``migrate`` applies them
+    (``app_label.name``); raises DatabaseError when the database does not answer."""
+    executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    return [f"{migration.app_label}.{migration.name}" for migration, _ in plan]
 
 
 def keep_usable() -> None:

@@ -161,6 +161,25 @@ def _label(worker: str) -> str:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Say which test database and which Redis database each worker process uses."""
+    return _what_the_run_uses(config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Say the header's lines when ``-q`` hides the header (the README promises them as the
+    first lines of any run); ``--no-header`` asks for none."""
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or hasattr(config, "workerinput") or config.getoption("no_header"):
+        return
+    if reporter.showheader:  # the header says them
+        return
+    for line in _what_the_run_uses(config):
+        reporter.write_line(line)
+
+
+def _what_the_run_uses(config: pytest.Config) -> list[str]:
+    """The lines naming the test database and the Redis database of each worker process."""
     from django.conf import settings
 
     workers = _workers(config)

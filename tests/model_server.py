@@ -85,7 +85,9 @@ class ModelServer(ThreadingHTTPServer):
                 }
                 for i, (name, arguments) in enumerate(self.tool_calls)
             ]
-            deltas = [({"role": "assistant", "tool_calls": calls}, "tool_calls")]
+            deltas: list[tuple[dict[str, Any], str | None]] = [
+                ({"role": "assistant", "tool_calls": calls}, "tool_calls")
+            ]
         else:
             deltas = [
                 ({"role": "assistant", "content": "all "}, None),

@@ -61,11 +61,11 @@ class Connections:
     def _sample(self) -> None:
         with psycopg.connect(subprocess_database_url(), autocommit=True) as db:
             while not self.done.wait(0.02):
-                (count,) = db.execute(
+                row = db.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
                     [self.app],
                 ).fetchone()
-                self.peak = max(self.peak, count)
+                self.peak = max(self.peak, row[0] if row else 0)
 
     def stop(self) -> int:
         self.done.set()

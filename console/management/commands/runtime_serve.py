@@ -47,11 +47,13 @@ import psycopg
 from channels.routing import get_default_application
 from daphne.server import Server
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from console.consumers import max_message_bytes
 from console.health import check_migrations
 from runtime.db import open_pool
+from runtime.management.base import RuntimeCommand
 from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
 
 MAX_AUTO_PROCESSES = 4
@@ -110,7 +112,7 @@ def first_socket(host: str, port: int, processes: int) -> socket.socket:
     return listening_socket(address[0], address[1], family=family, reuse_port=True)
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Serve the console and API with daphne (several processes), with an in-process worker."
 
     def add_arguments(self, parser):
@@ -239,12 +241,29 @@ class Command(BaseCommand):
         why and stops; without this the command would exit 0 and no supervisor restart it)."""
         open_pool()  # before the first request, in every process
         name_address_families()
+        limit = max_message_bytes()
         server = Server(
-            application=get_default_application(), endpoints=endpoints, signal_handlers=True
+            application=get_default_application(),
+            endpoints=endpoints,
+            signal_handlers=True,
+            websocket_max_message_size=limit,
+            websocket_max_frame_size=limit,
         )
+        # The reactor daphne.server installed (importing it any earlier would install another).
+        from twisted.internet import reactor
+
+        reactor.callWhenRunning(close_oversized_sockets, server)
         server.run()
         if not server.listening_addresses:
             raise CommandError(f"daphne could not listen on {endpoints}; see the error above")
+
+
+def close_oversized_sockets(server: Server) -> None:
+    """Make daphne fail a WebSocket connection with a close frame instead of dropping it
+    (autobahn's ``failByDrop``, on for servers): a message over the size limit gets 1009
+    ("message too big"), a text frame that is not UTF-8 1007, so a client learns why. Called
+    once the reactor runs, when ``server.run`` has made its WebSocket factory."""
+    server.ws_factory.setProtocolOptions(failByDrop=False)
 
 
 def database_problem() -> str | None:

@@ -6,14 +6,15 @@ import argparse
 import os
 import signal
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from runtime import metrics
 from runtime.crash import check_environment
+from runtime.management.base import RuntimeCommand
 from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Claim runnable runs and drive them. First SIGTERM/SIGINT stops gracefully."
 
     def add_arguments(self, parser):
