@@ -52,6 +52,8 @@ Reported per system and level (the median over the rounds):
   workers start. Every text token the model server sends carries its send time
   (``"[i:<time.time()>] "``), so each text delta's latency is its arrival at the subscriber
   minus that stamp: model server -> worker -> Redis -> subscriber, on one machine's clock.
+  In brackets: the share of those runs' text tokens that reached the subscriber at all (a
+  worker that exits drops what its publisher has not sent yet).
 
 The table is printed as Markdown; ``--json PATH`` writes every round's raw figures (with
 each step overhead and delta latency). Subprocess stderr goes to ``var/inflight.log``
@@ -557,6 +559,9 @@ def measure_ours(
             delta_latencies_ms=probe.latencies_ms,
             delta_p99_ms=percentile(probe.latencies_ms, 99),
             delta_runs=len(sample),
+            # Text tokens of the sampled runs that reached the subscriber (a worker that
+            # exits drops what its publisher has not sent yet).
+            delta_received=len(probe.latencies_ms) / (len(sample) * ctx.settings.tokens),
         )
     return figures
 
@@ -671,12 +676,19 @@ def _f(value: Any, spec: str) -> str:
     return f"{value:{spec}}"
 
 
+def delta(row: dict[str, Any]) -> str:
+    """The delta column: p99 (ms) and the share of sampled text tokens received."""
+    if "delta_received" not in row:
+        return "n/a"
+    return f"{_f(row['delta_p99_ms'], '.0f')} ({row['delta_received']:.0%})"
+
+
 def markdown(ctx: Context, systems: list[System], levels: list[int]) -> str:
     """The Markdown table of every (system, level) measured, medians over the rounds."""
     head = (
         "| system | runs | driven at once | wall s | ideal s | wall/ideal | runs/s "
         "| to 1st req s | peak conns | peak RSS MiB | overhead/step p50 / p99 ms "
-        "| delta p99 ms | fsck |"
+        "| delta p99 ms (received) | fsck |"
     )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for level in levels:
@@ -697,7 +709,7 @@ def markdown(ctx: Context, systems: list[System], levels: list[int]) -> str:
                 f"| {_f(row['first_request_seconds'], '.2f')} "
                 f"| {_f(row['peak_connections'], '.0f')} | {_f(row['peak_rss_mib'], '.0f')} "
                 f"| {_f(row['overhead_p50_ms'], '.1f')} / {_f(row['overhead_p99_ms'], '.1f')} "
-                f"| {_f(row.get('delta_p99_ms'), '.1f')} | {row.get('fsck') or 'n/a'} |"
+                f"| {delta(row)} | {row.get('fsck') or 'n/a'} |"
             )
     return "\n".join(lines)
 
