@@ -64,8 +64,16 @@ each step overhead and delta latency). Subprocess stderr goes to ``var/inflight.
     .venv/bin/python bench/inflight.py --database-url postgres://postgres@127.0.0.1:5432/x \\
         --levels 5 --systems ours-1 langgraph --latency 0.05 --tokens 4
 
+Flags (``--help`` lists them with their defaults): ``--database-url`` (default
+``$DATABASE_URL``), ``--database-prefix``, ``--levels``, ``--systems`` (``ours-K``,
+``langgraph``, ``dbos``), ``--peer-max-level`` (peers up to 1,000 runs), ``--rounds``; the model
+server's ``--latency`` (s), ``--tokens``, ``--token-delay`` (s), ``--tool-calls``; ours'
+``--connection-budget`` (today's ``--concurrency`` only) and ``--worker-db-connections``
+(``RUNTIME_WORKER_DB_CONNECTIONS``); the peers' ``--pool-size``; ``--redis-url``,
+``--delta-sample``, ``--sample-interval`` (s), ``--json`` and ``--keep-databases``.
+
 The peers need the ``bench`` extra (``pip install -e '.[bench]'``); a system whose package is
-missing is skipped with a note.
+missing is skipped with a note. Exit status 1 when a round failed or fsck was not clean.
 """
 
 from __future__ import annotations
@@ -716,8 +724,7 @@ def markdown(ctx: Context, systems: list[System], levels: list[int]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n", 1)[0],
-        epilog="See the module docstring (bench/inflight.py) for what each figure means.",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--database-url",
