@@ -74,7 +74,7 @@ def size_pool(count: int) -> None:
     whole life (a worker process): it never opens one more. Without a pool (SQLite, or
     RUNTIME_DB_POOL_SIZE=0) each of those threads opens its own."""
     if (pool := _pool()) is not None:
-        pool.resize(count, count)
+        pool.resize(min(pool.min_size, count), count)
 
 
 def open_pool() -> None:
