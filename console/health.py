@@ -93,11 +93,21 @@ def check_static_files() -> str:
 
 PROBE_STATIC = "console/console.css"  # every console page links it
 
+
+def check_worker() -> str:
+    """The in-process worker's state (``runtime_serve``): "ok", or why it cannot work (the
+    database unreachable, its pool exhausted); "ok" where the process runs none."""
+    from runtime.worker import problems
+
+    return "; ".join(problems()) or "ok"
+
+
 CHECKS: dict[str, Callable[[], str]] = {
     "database": check_database,
     "migrations": check_migrations,
     "channel_layer": check_channel_layer,
     "static_files": check_static_files,
+    "worker": check_worker,
 }
 
 

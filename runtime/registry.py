@@ -80,6 +80,13 @@ def register(worker_id: str, concurrency: int) -> None:
     )
 
 
+def report(worker_id: str, problem: str) -> None:
+    """Record why ``worker_id`` cannot work now ("" once it can again)."""
+    WorkerProcess.objects.filter(id=worker_id).update(
+        problem=problem[:500], problem_since=timezone.now() if problem else None
+    )
+
+
 def heartbeat(worker_id: str) -> None:
     """Say that ``worker_id`` is alive now (re-registers a row an operator deleted)."""
     if not WorkerProcess.objects.filter(id=worker_id).update(heartbeat_at=timezone.now()):

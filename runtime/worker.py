@@ -31,13 +31,15 @@ import os
 import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
+from psycopg_pool import PoolTimeout
 
 from runtime import codec, conf, logs, metrics, registry, timers
 from runtime.coordinator import WAKE_CHANNEL, Lease
@@ -56,6 +58,7 @@ log = logging.getLogger("runtime.worker")
 TIMER_CHECK_SECONDS = 1.0  # a worker looks for due timers at most this often
 DEFAULT_MAX_INFLIGHT = 100  # runs one worker drives at once (runtime_worker --max-inflight)
 CLAIM_BATCH = 100  # runs claimed in one statement at most (several workers share a burst)
+SERVING: weakref.WeakSet[Worker] = weakref.WeakSet()  # the workers serving in this process
 
 
 def default_worker_id() -> str:
@@ -173,6 +176,26 @@ def release(lease: Lease, run_id: str, *, failed: bool = False) -> None:
     ).update(**fields)
 
 
+def trouble(exc: BaseException) -> tuple[str, str] | None:
+    """What a failure says of the worker's ability to work: ("pool_exhausted" or
+    "database_unreachable", one line), or None when it is not a connection problem (a run's
+    or the code's own)."""
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return None
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    if isinstance(exc.__cause__, PoolTimeout) or "too many clients" in line:
+        return "pool_exhausted", f"no database connection to be had: {line}"
+    if isinstance(exc, InterfaceError) or connection_lost(exc):
+        return "database_unreachable", f"the database cannot be reached: {line}"
+    return None
+
+
+def connection_lost(exc: OperationalError) -> bool:
+    """Whether ``exc`` means the connection failed or broke (not a statement's own error)."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+    return sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03") or not sqlstate
+
+
 def renew(held: dict[str, Lease]) -> set[str]:
     """Renew every lease in ``held`` (run id -> lease) in one statement; return the ids whose
     lease was renewed. A run missing from the answer left Running behind its owner's back (an
@@ -185,6 +208,12 @@ def renew(held: dict[str, Lease]) -> set[str]:
     mine = Run.objects.filter(owned, state="running")
     mine.update(lease_expires_at=db_later(conf.lease_ttl()))
     return set(mine.values_list("id", flat=True))
+
+
+def problems() -> list[str]:
+    """Why each worker serving in this process cannot work now (empty while they all can):
+    the in-process worker's part of ``/readyz``."""
+    return [f"{w.worker_id}: {w.problem[1]}" for w in list(SERVING) if w.problem]
 
 
 @dataclass(slots=True)
@@ -227,6 +256,8 @@ class Worker:
         self.held: dict[str, Held] = {}
         self.drivers: set[asyncio.Task[None]] = set()
         self.timers_checked = 0.0  # time.monotonic() of the last look for due timers
+        self.problem: tuple[str, str] | None = None  # (reason, line) while it cannot work
+        self.reported: tuple[str, str] | None = None  # what its registry row says
 
     # -- signals of new work and of the stop ----------------------------------------------
 
@@ -278,6 +309,7 @@ class Worker:
 
     async def serve(self) -> None:
         logs.bind(worker_id=self.worker_id)  # the drivers' tasks inherit it
+        SERVING.add(self)
         self.loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
         db = ThreadPool(conf.worker_db_connections(), "db")
@@ -315,19 +347,22 @@ class Worker:
             await services.providers.close()
             db.close()
             tools.close()
+            SERVING.discard(self)
 
     async def _claim_loop(self, services: Services) -> None:
         while not self.stopping.is_set():
             self.wake.clear()  # before the claim: a wake meanwhile is kept for the wait below
             try:
                 taken = await self._claim(services)
+                self.observe(None)
                 fired = await self._fire_timers(services, now=not taken and self.until_idle)
                 if taken or fired:
                     continue
                 if self.until_idle and not self.drivers and await services.db(self.idle):
                     return
-            except Exception:  # a DB blip in a claim or a timer: the loop lives on
-                log.exception("worker loop: a claim failed; trying again")
+            except Exception as exc:  # a DB blip in a claim or a timer: the loop lives on
+                if not self.observe(exc):
+                    log.exception("worker loop: a claim failed; trying again")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), conf.idle_poll_seconds())
 
@@ -343,11 +378,13 @@ class Worker:
             task = asyncio.ensure_future(self._drive(claimed, services))
             self.drivers.add(task)
             task.add_done_callback(self._driven)
+        metrics.INFLIGHT.set(len(self.drivers))
         return len(taken) == free
 
     def _driven(self, task: asyncio.Task[None]) -> None:
         full = len(self.drivers) >= self.max_inflight
         self.drivers.discard(task)
+        metrics.INFLIGHT.set(len(self.drivers))
         if full or not self.drivers:  # a slot to claim for, or maybe idle
             self.wake.set()
 
@@ -368,24 +405,52 @@ class Worker:
             held = {run_id: h.lease for run_id, h in self.held.items()}
             try:
                 renewed = await services.db(renew, held)
-            except Exception:  # a DB blip: the next beat tries again
-                log.exception("heartbeat failed; retrying at the next beat")
+            except Exception as exc:  # a DB blip: the next beat tries again
+                if not self.observe(exc):
+                    log.exception("heartbeat failed; retrying at the next beat")
             else:
+                self.observe(None)
                 for run_id in held.keys() - renewed:
                     if (lost := self.held.get(run_id)) is not None:
                         log.warning("run %s: lease lost or run ended by another writer", run_id)
                         lost.release.set()
                         lost.halt.set()
             await self._registry(services, registry.heartbeat, self.worker_id)
+            if self.reported != self.problem:  # written once a connection allows
+                reason = self.problem[1] if self.problem else ""
+                if await self._registry(services, registry.report, self.worker_id, reason):
+                    self.reported = self.problem
             if time.monotonic() >= forgot_at + registry.FORGET_EVERY_SECONDS:
                 forgot_at = time.monotonic()
                 await self._registry(services, registry.forget_expired)
 
-    async def _registry(self, services: Services, write: Any, *args: Any) -> None:
+    async def _registry(self, services: Services, write: Any, *args: Any) -> bool:
+        """Write to the worker's registry row; False when it failed (logged, never raised:
+        the registry is for operators, it never stops a worker)."""
         try:
             await services.db(write, *args)
-        except Exception:  # the registry is for operators; it never stops a worker
-            log.warning("worker %s: registry write failed", self.worker_id, exc_info=True)
+        except Exception as exc:
+            if not self.observe(exc):
+                log.warning("worker %s: registry write failed", self.worker_id, exc_info=True)
+            return False
+        return True
+
+    def observe(self, failure: BaseException | None) -> bool:
+        """Note that the database worked (None) or what ``failure`` says of it; True when
+        ``failure`` is a connection problem. A change of state is one log line, a metric, and
+        (at the next heartbeat a connection allows) the registry row's ``problem``."""
+        if failure is None:
+            found = None
+        elif (found := trouble(failure)) is None:
+            return False
+        if (found and found[0]) != (self.problem and self.problem[0]):
+            if found:
+                log.error("worker %s cannot work: %s", self.worker_id, found[1])
+            else:
+                log.warning("worker %s works again", self.worker_id)
+            metrics.worker_problem(found[0] if found else "")
+        self.problem = found
+        return found is not None
 
     # -- one run ----------------------------------------------------------------------------
 
@@ -413,9 +478,12 @@ class Worker:
             )
         except LeaseLost:
             log.warning("run %s: fenced; another worker owns it now", run_id)
-        except Exception:  # counted by the poison budget: the next claim starts over
-            log.exception("run %s: driving failed; the run is left to recovery", run_id)
-            failed = True
+        except Exception as exc:  # counted by the poison budget: the next claim starts over
+            if self.observe(exc):  # the database's trouble, not the run's: not counted
+                log.warning("run %s: left to recovery: %s", run_id, exc)
+            else:
+                log.exception("run %s: driving failed; the run is left to recovery", run_id)
+                failed = True
         finally:
             self.held.pop(run_id, None)
         # An ended or awaiting run gave its lease up in its last commit; only a run left

@@ -55,15 +55,39 @@ def test_readyz_checks_database_migrations_and_channel_layer():
             "migrations": "ok",
             "channel_layer": "ok",
             "static_files": "ok",
+            "worker": "ok",
         },
     }
 
 
-def test_readyz_names_an_unapplied_migration():
-    MigrationRecorder.Migration.objects.filter(app="runtime", name="0006_deleg").delete()
+def test_readyz_says_why_the_in_process_worker_cannot_work(monkeypatch):
+    """A worker serving in this process (runtime_serve's) that cannot reach the database makes
+    the process unready, naming the worker and the reason; it is ready again once it works."""
+    from django.db import OperationalError
+
+    from runtime import worker as worker_module
+
+    worker = worker_module.Worker(worker_id="in-process")
+    monkeypatch.setattr(worker_module, "SERVING", {worker})
+    lost = OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+    assert worker.observe(lost)
     response = Client().get("/readyz")
     assert response.status_code == 503
-    unapplied = "RuntimeError: 1 unapplied: runtime.0006_deleg"
+    assert response.json()["checks"]["worker"] == (
+        "in-process: the database cannot be reached: "
+        "connection to server at 127.0.0.1 failed: Connection refused"
+    )
+    assert not worker.observe(None)
+    assert Client().get("/readyz").status_code == 200
+
+
+def test_readyz_names_an_unapplied_migration():
+    applied = MigrationRecorder.Migration.objects.filter(app="runtime")
+    latest = applied.order_by("-name").values_list("name", flat=True).first()
+    applied.filter(name=latest).delete()
+    response = Client().get("/readyz")
+    assert response.status_code == 503
+    unapplied = f"RuntimeError: 1 unapplied: runtime.{latest}"
     assert response.json()["checks"]["migrations"] == unapplied
     assert response.json()["checks"]["database"] == "ok"
 

@@ -18,7 +18,7 @@ from runtime.models import LedgerEffect, Run
 from runtime.tools import ToolContext, tool
 from tests.model_server import model_server
 from tests.runtime.inflight_agent import AGENTS
-from tests.runtime.support import assert_log_sound, calls, run_row
+from tests.runtime.support import assert_log_sound, calls, run_row, wait_for
 from tests.subprocesses import subprocess_database_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -186,3 +186,34 @@ def test_concurrency_is_refused_naming_its_replacement(command):
     done = command("runtime_worker", "--concurrency", "4", "--until-idle")
     assert done.returncode != 0
     assert "--max-inflight" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_worker_whose_connections_are_cut_says_so_once_and_recovers(start, spawn_worker):
+    """PostgreSQL terminates every connection of a live worker: it logs one line saying it
+    cannot work and one once it works again (never a line per failed statement), and the
+    next run is driven to its end."""
+    if connection.vendor != "postgresql":
+        pytest.skip("terminating a worker's sessions needs PostgreSQL")
+    app = f"cut-{uuid.uuid4().hex[:8]}"
+    worker = spawn_worker(until_idle=False, worker_id="cut", PGAPPNAME=app)
+    wait_for(lambda: "started" in worker.stderr, timeout=120, what="the worker to start")
+    with psycopg.connect(subprocess_database_url(), autocommit=True) as db:
+
+        def cut() -> bool:
+            db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                [app],
+            )
+            return "cannot work" in worker.stderr
+
+        wait_for(cut, timeout=60, what="the worker to say it cannot work")
+    wait_for(lambda: "works again" in worker.stderr, timeout=60, what="the worker to recover")
+    run_id = start({"text": "after the cut"})
+    wait_for(lambda: run_row(run_id).end_cause == "natural", timeout=60, what="the run to end")
+    worker.signal()
+    code, err = worker.wait(timeout=60)
+    assert code == 0, err
+    assert err.count("cannot work") == err.count("works again") >= 1
+    # Its sessions are gone, and its pool cannot lend one until it reconnects.
+    assert "cannot be reached" in err or "no database connection to be had" in err
