@@ -69,7 +69,11 @@ class _Publisher:
             by_group: dict[str, list[dict[str, Any]]] = {}
             while self.pending:
                 group, message = self.pending.popleft()
-                by_group.setdefault(group, []).append(message)
+                queued = by_group.setdefault(group, [])
+                if queued and _continues(queued[-1], message):
+                    queued[-1] = {**queued[-1], "text": queued[-1]["text"] + message["text"]}
+                else:
+                    queued.append(message)
             await asyncio.gather(*(self._send_all(g, m) for g, m in by_group.items()))
 
     async def _send_all(self, group: str, messages: list[dict[str, Any]]) -> None:
@@ -92,6 +96,20 @@ class _Publisher:
             loop.call_soon_threadsafe(self._enqueue, (group, message))
         except RuntimeError:  # the loop closed between the check and the call
             log.warning("live send to %s dropped: its loop is closed", group)
+
+
+DELTA_KEY = ("type", "run_id", "step", "attempt", "claim", "kind", "index")
+
+
+def _continues(earlier: dict[str, Any], later: dict[str, Any]) -> bool:
+    """Whether ``later`` is a Delta that only adds text to ``earlier``'s (same run, step,
+    attempt, claim, kind and call): while the sends fall behind, such Deltas go as one, so a
+    worker streaming hundreds of runs sends fewer, longer messages, never other text."""
+    return (
+        later.get("type") == "run.delta"
+        and not any(m.get(k) for m in (earlier, later) for k in ("name", "call_id"))
+        and all(earlier.get(key) == later.get(key) for key in DELTA_KEY)
+    )
 
 
 def _in_process_layer() -> bool:

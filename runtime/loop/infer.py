@@ -47,6 +47,8 @@ from runtime.untrusted import UntrustedJSONError, parse_object
 
 log = logging.getLogger("runtime.loop")
 
+CHECKPOINT_SECONDS = 0.5  # the least time between two stream checkpoints of one attempt
+
 
 async def request(d: Boundary, agent: Agent, run: RunView) -> InferenceRequest:
     """Build the next request from committed messages only (plus request-only hooks).
@@ -195,8 +197,10 @@ def _checkpoint(run_id: str, step: int) -> Mapping[str, Any] | None:
 
 class Checkpoints:
     """The stream checkpoints of one attempt, written in the background: ``save`` never waits
-    on the database (a stream must not), and while one write is under way only the newest
-    text waits to follow it, so a slow database costs writes, not stream time.
+    on the database (a stream must not). The first is written at once (a viewer who joins
+    late is shown the opening words), later ones at most every CHECKPOINT_SECONDS, each with
+    the newest text: a worker streaming a thousand runs writes a few checkpoints a run, not
+    one every few deltas.
 
     Best effort: a failure to write the checkpoint never fails the run (seed).
     """
@@ -207,6 +211,8 @@ class Checkpoints:
         self.attempt = attempt
         self.latest: tuple[str, list[dict[str, Any]]] | None = None
         self.writer: asyncio.Task[None] | None = None
+        self.idle = asyncio.Event()  # no write under way
+        self.idle.set()
 
     def save(self, text: str, calls: list[dict[str, Any]]) -> None:
         self.latest = (text, calls)
@@ -216,16 +222,23 @@ class Checkpoints:
     async def _write(self) -> None:
         while self.latest is not None:
             (text, calls), self.latest = self.latest, None
+            fields = {"step": self.step, "attempt": self.attempt, "text": text}
+            self.idle.clear()
             try:
-                fields = {"step": self.step, "attempt": self.attempt, "text": text}
                 await self.d.services.db(_save_checkpoint, self.d.run_id, fields, calls)
             except Exception:
                 log.warning("run %s: checkpoint write failed", self.d.run_id, exc_info=True)
+            finally:
+                self.idle.set()
+            await asyncio.sleep(CHECKPOINT_SECONDS)
 
     async def settle(self) -> None:
-        """Wait for the write under way (and the one queued behind it)."""
+        """The answer is complete: drop what waits (the step's commit clears the checkpoint)
+        and wait for a write under way, so that none lands after that commit."""
+        self.latest = None
         if self.writer is not None:
-            await asyncio.shield(self.writer)
+            await self.idle.wait()
+            self.writer.cancel()
 
 
 def _save_checkpoint(run_id: str, fields: dict[str, Any], calls: list[dict[str, Any]]) -> None:
