@@ -7,14 +7,15 @@ id, then a streamed text answer. N runs are put in flight at once, N at each ``-
 (default 100, 500, 1,000, and 5,000 for ours only), the systems interleaved at each level
 (ours with 1 worker, ours with 4, LangGraph, DBOS, in turn, ``--rounds`` times):
 
-- **ours** (``ours-1``, ``ours-4``: K ``manage.py runtime_worker --until-idle`` processes):
-  the agent of ``bench/inflight_agent.py`` on the project's OpenAI-compatible provider
-  (``runtime/providers/openai_compat.py``). The N runs are started first with
-  ``runtime.operations.start_run`` (untimed), then the workers are spawned, each with
-  ``--max-inflight ceil(N/K)`` when ``runtime_worker --help`` lists that flag, else with
-  today's ``--concurrency`` (one thread and two database connections per run driven at once),
-  capped so that the K workers stay within ``--connection-budget`` connections (PostgreSQL's
-  ``max_connections`` is shared). Timed from the spawn to the runs' last commit; every run
+- **ours** (``ours-1``, ``ours-4``: K ``manage.py runtime_worker`` processes): the agent of
+  ``bench/inflight_agent.py`` on the project's OpenAI-compatible provider
+  (``runtime/providers/openai_compat.py``). The workers are spawned and registered first (a
+  deployment's workers are long-running), each with ``--max-inflight ceil(N/K)`` when
+  ``runtime_worker --help`` lists that flag, else with the old ``--concurrency`` (one thread
+  and two database connections per run driven at once), capped so that the K workers stay
+  within ``--connection-budget`` connections (PostgreSQL's ``max_connections`` is shared);
+  then the N runs are started with ``runtime.operations.start_run``. Timed from the first
+  start to the runs' last commit (the starts included); then the workers get SIGTERM. Every run
   must end ``natural`` with its 3 ledger rows applied once, and ``manage.py runtime_fsck``
   must be clean (reported per round).
 - **langgraph** (``bench/peers/inflight_langgraph.py``): an async ``StateGraph`` (model node
@@ -30,8 +31,8 @@ processes and time themselves from their first start to their last result.
 
 Reported per system and level (the median over the rounds):
 
-- **wall** (s): ours, from spawning the workers to the runs' last commit (worker start-up
-  included); the peers, from starting their N runs to the last result.
+- **wall** (s): ours, from starting the N runs (workers already up) to their last commit;
+  the peers, from starting their N runs to the last result.
 - **ideal** (s): the latency-bound time of one run, ``2 x (latency + (chunks - 1) x
   token_delay)``, from the model server's settings; **wall/ideal**; **runs/s** = N / wall.
 - **to 1st req** (s): from the start of the wall time to the model server's first request.
@@ -93,7 +94,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
@@ -500,6 +501,29 @@ def fsck(env: dict[str, str], timeout: float) -> str:
     return "clean" if report["ok"] else f"{len(report['violations'])} violations"
 
 
+def workers_up(worker_ids: list[str]) -> bool:
+    from runtime.models import WorkerProcess
+
+    return WorkerProcess.objects.filter(id__in=worker_ids, stopped_at=None).count() == len(
+        worker_ids
+    )
+
+
+def runs_ended(run_ids: list[str]) -> bool:
+    from runtime.models import Run
+
+    return not Run.objects.filter(id__in=run_ids).exclude(state="ended").exists()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 50 ms until true; raise TimeoutError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
 def wait_all(processes: list[subprocess.Popen[bytes]], timeout: float) -> list[int | None]:
     """Wait until every process exited, at most ``timeout`` seconds in all; kill the rest.
     Returns the exit codes (None for a process that had to be killed)."""
@@ -522,36 +546,43 @@ def round_timeout(runs: int, in_flight: int, ideal: float) -> float:
 def measure_ours(
     system: System, runs: int, args: argparse.Namespace, ctx: Context
 ) -> dict[str, Any]:
-    """One round of ours: start ``runs`` runs, spawn the workers, time them to the last
-    commit, check the outcome and the log."""
+    """One round of ours: spawn the workers and wait until they are up (a deployment's
+    workers are long-running), then start ``runs`` runs and time them from the first start
+    to the last commit; check the outcome and the log, then stop the workers (SIGTERM)."""
     empty_ours()
-    run_ids = start_ours(runs)
     ctx.model.reset()
     each = per_worker(runs, system.workers, ctx.flag, args.connection_budget)
     extra = {"REDIS_URL": args.redis_url} if args.redis_url else {}
     if args.worker_db_connections:
         extra["RUNTIME_WORKER_DB_CONNECTIONS"] = str(args.worker_db_connections)
     env = child_env("ours", **extra)
-    sample = run_ids[:: max(1, len(run_ids) // args.delta_sample)][: args.delta_sample]
-    probe = DeltaProbe(args.redis_url, sample) if args.redis_url and args.delta_sample else None
     timeout = round_timeout(runs, each * system.workers, ctx.ideal)
-    with probe or nullcontext(), sampling(ctx.server, ctx.ours_db, args.sample_interval) as sampler:
-        began = time.time()
-        with ctx.log.open("ab") as err:
-            workers = [
-                subprocess.Popen(
-                    [sys.executable, "manage.py", "runtime_worker", "--until-idle"]
-                    + ["--worker-id", f"inflight-{system.workers}-{i}", ctx.flag, str(each)],
-                    cwd=ROOT,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
-                )
-                for i in range(system.workers)
-            ]
+    ids = [f"inflight-{system.workers}-{i}" for i in range(system.workers)]
+    with ctx.log.open("ab") as err:
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "manage.py", "runtime_worker", "--worker-id", worker_id]
+                + [ctx.flag, str(each)],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+            for worker_id in ids
+        ]
+    wait_until(lambda: workers_up(ids), START_SECONDS * 4, "the workers to register")
+    with sampling(ctx.server, ctx.ours_db, args.sample_interval) as sampler:
         sampler.pids = [w.pid for w in workers]
-        codes = wait_all(workers, timeout)
+        began = time.time()
+        run_ids = start_ours(runs)
+        sample = run_ids[:: max(1, len(run_ids) // args.delta_sample)][: args.delta_sample]
+        probe = DeltaProbe(args.redis_url, sample) if args.redis_url and args.delta_sample else None
+        with probe or nullcontext():
+            wait_until(lambda: runs_ended(run_ids), timeout, "every run to end")
+    for worker in workers:
+        worker.send_signal(signal.SIGTERM)
+    codes = wait_all(workers, timeout)
     wrong, last_commit = ours_outcome(run_ids, ctx.settings.tool_calls)
     if codes != [0] * len(workers):
         wrong = f"worker exit codes {codes}; {wrong}".rstrip("; ")
