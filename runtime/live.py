@@ -21,6 +21,7 @@ from runtime.signals import CommitNotice
 log = logging.getLogger("runtime.live")
 
 ALL_RUNS_GROUP = "live_runs"
+SENDS_AT_ONCE = 8  # groups sent to at once: within channels-redis's connections per host
 
 
 def run_group(run_id: str) -> str:
@@ -74,7 +75,10 @@ class _Publisher:
                     queued[-1] = {**queued[-1], "text": queued[-1]["text"] + message["text"]}
                 else:
                     queued.append(message)
-            await asyncio.gather(*(self._send_all(g, m) for g, m in by_group.items()))
+            groups = list(by_group.items())
+            for at in range(0, len(groups), SENDS_AT_ONCE):
+                batch = groups[at : at + SENDS_AT_ONCE]
+                await asyncio.gather(*(self._send_all(g, m) for g, m in batch))
 
     async def _send_all(self, group: str, messages: list[dict[str, Any]]) -> None:
         layer = get_channel_layer()
