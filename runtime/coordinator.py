@@ -152,7 +152,11 @@ def prepare(
         head, before = ThreadHead(thread_id=draft.thread_id), None
     elif head is None:
         head, before = read_frontier(draft.thread_id, target)
-    new_head, run = apply_commit(head, before, draft)
+    try:
+        new_head, run = apply_commit(head, before, draft)
+    except VersionConflict:
+        metrics.version_conflict()
+        raise
     writes = _plan(draft, head, new_head, before, run, lease)
     writes.create_thread = new_thread
     return Plan(draft, writes, new_head, run, follow_ups(before, run))

@@ -129,6 +129,11 @@ def claimed(*, deaths: int) -> None:
         LEASE_TAKEOVERS.inc()
 
 
+def version_conflict() -> None:
+    """Count a commit refused before it was written (its expected version was stale)."""
+    VERSION_CONFLICTS.inc()
+
+
 def worker_problem(reason: str) -> None:
     """Record the worker's state: ``reason`` is "" (it works) or one of WORKER_PROBLEM's."""
     for known in ("database_unreachable", "pool_exhausted"):

@@ -386,9 +386,9 @@ def test_replay(name, mode, server, openai_provider, anthropic_provider, context
     expected_path = "/v1/chat/completions" if case.kind == "openai" else "/v1/messages"
     assert seen.path == expected_path
     assert seen.body == expected_body(fixture, case)
-    # The official async clients: AsyncOpenAI's says OpenAI/Python, AsyncAnthropic's its name.
-    agent = "OpenAI/Python" if case.kind == "openai" else "AsyncAnthropic/Python"
-    assert seen.headers["user-agent"].startswith(agent)
+    # The official async clients name themselves (AsyncOpenAI/Python, AsyncAnthropic/Python).
+    agent = "OpenAI/Python" if case.kind == "openai" else "Anthropic/Python"
+    assert seen.headers["user-agent"].removeprefix("Async").startswith(agent)
 
 
 def test_groq_reasoning_is_not_published_as_text(server, openai_provider, context) -> None:
