@@ -157,8 +157,11 @@ class ToolCallRecord(models.Model):
     index = models.PositiveIntegerField()
     tool_call_id = models.CharField(max_length=200)
     name = models.CharField(max_length=200)
+    # What the call runs with: the model's, or an operator's approved edit, which then keeps
+    # the model's in model_arguments (runtime.domain.model.ToolCall).
     arguments = models.JSONField(null=True, blank=True)
     arguments_text = models.TextField(blank=True, default="")
+    model_arguments = models.JSONField(null=True, blank=True)
     operation_id = models.CharField(max_length=100, unique=True)
     policy = models.CharField(max_length=16)
     permission = models.CharField(max_length=8)

@@ -211,8 +211,17 @@ class CallOut(Schema):
     call_id: str
     tool_call_id: str
     name: str
-    arguments: Any = Field(None, description="the parsed arguments, or null when unparsable")
+    arguments: Any = Field(
+        None,
+        description="what the call runs with (an operator's approved edit, or the model's), "
+        "parsed; null when unparsable",
+    )
     arguments_text: str
+    model_arguments: Any = Field(
+        None,
+        description="the model's own arguments when an operator approved an edit of them "
+        "(then `arguments` holds the edit); null otherwise",
+    )
     phase: CallPhaseName
     attempt: int
     max_attempts: int

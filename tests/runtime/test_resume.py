@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from runtime.documents import run_document
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.errors import (
     IdempotencyKeyReused,
@@ -201,6 +202,32 @@ def test_approval_resumed_then_run_once(awaiting, work_inline, decision):
         assert (call.phase, call.attempt, effects) == ("completed", 1, [call.operation_id])
     else:
         assert (call.phase, call.attempt, call.is_error, effects) == ("completed", 0, True, [])
+    assert_log_sound(run_id)
+
+
+def test_an_edited_approval_runs_the_edit_and_every_projection_says_so(awaiting, work_inline):
+    """Issue 21, item 4: the call's row and the run document show the arguments that ran,
+    the model's beside them, and the log checker finds nothing after the approval or the end."""
+    run_id, ticket = awaiting(APPROVE)  # the model asked for {"key": "k"}
+    resume(run_id, _command(ticket, arguments={"key": "edited-key"}), actor="op")
+    assert_log_sound(run_id)
+    (call,) = calls(run_id)
+    assert (call.arguments, call.model_arguments) == ({"key": "edited-key"}, {"key": "k"})
+    assert call.arguments_text == '{"key": "edited-key"}'
+    work_inline()
+    assert run_row(run_id).end_cause == "natural"
+    assert_log_sound(run_id)
+    assert [effect["key"] for effect in ledger(run_id).values()] == ["edited-key"]
+    (shown,) = run_document(run_id)["batches"][0]["calls"]
+    assert (shown["arguments"], shown["model_arguments"]) == ({"key": "edited-key"}, {"key": "k"})
+
+
+def test_an_approval_without_an_edit_keeps_no_model_arguments(awaiting, work_inline):
+    run_id, ticket = awaiting(APPROVE)
+    resume(run_id, _command(ticket))
+    work_inline()
+    (shown,) = run_document(run_id)["batches"][0]["calls"]
+    assert (shown["arguments"], shown["model_arguments"]) == ({"key": "k"}, None)
     assert_log_sound(run_id)
 
 
