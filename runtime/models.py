@@ -177,6 +177,9 @@ class ToolCallRecord(models.Model):
     is_error = models.BooleanField(default=False)
     effect_may_have_started = models.BooleanField(default=False)
     batch_finalized = models.BooleanField(default=False)
+    # Set when the call's batch is committed and never changed: lists page on it (with the
+    # id), so a call that changes while a client walks the pages keeps its place.
+    created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -187,7 +190,8 @@ class ToolCallRecord(models.Model):
                 name="call_indeterminate_started",
                 condition=Q(phase="indeterminate", effect_may_have_started=True),
             ),
-            models.Index(fields=["phase", "-updated_at"], name="call_phase_recent"),
+            models.Index(fields=["phase", "-created_at", "-id"], name="call_phase_created"),
+            models.Index(fields=["-created_at", "-id"], name="call_created"),
         ]
 
 
