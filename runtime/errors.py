@@ -14,6 +14,7 @@ class RuntimeFault(Exception):
 
     code = "runtime_error"
     status = 400
+    retry_after: int | None = None  # seconds a client should wait before it tries again
 
     def __init__(self, message: str | None = None, **detail: Any) -> None:
         self.message = message or (self.__doc__ or self.code).strip()
@@ -167,6 +168,14 @@ class ScriptRefused(RuntimeFault):
 
     code = "script_refused"
     status = 422
+
+
+class DatabaseUnavailable(RuntimeFault):
+    """The database could not be reached, or did not answer in time; try again shortly."""
+
+    code = "database_unavailable"
+    status = 503
+    retry_after = 2
 
 
 class McpServerUnavailable(RuntimeFault):

@@ -3,7 +3,9 @@
 The runtime's typed faults (``RuntimeFault``: ``.code``, ``.status``, ``.message``,
 ``.detail``) and the API's own refusals map to responses here, once; django-ninja's validation
 errors, HTTP errors and 404s, unknown paths, wrong methods and unexpected exceptions too, so a
-client never sees another error shape.
+client never sees another error shape. A database that cannot serve the request (unreachable,
+no pooled connection in time, a statement or lock timeout) is 503 ``database_unavailable``
+with ``Retry-After``, never a 500.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from console.api.schemas import ErrorOut
-from runtime.errors import RuntimeFault
+from runtime import db
+from runtime.errors import DatabaseUnavailable, RuntimeFault
 
 log = logging.getLogger("console.api")
 
@@ -73,6 +76,8 @@ def fault_response(fault: RuntimeFault) -> JsonResponse:
     response = error_response(fault.status, fault.code, fault.message, _jsonable(fault.detail))
     if fault.status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="api"'
+    if fault.retry_after is not None:
+        response["Retry-After"] = str(fault.retry_after)
     return response
 
 
@@ -133,6 +138,9 @@ def install(api: NinjaAPI) -> None:
 
     @api.exception_handler(Exception)
     def on_exception(request: HttpRequest, exc: Exception) -> HttpResponse:
+        if db.unavailable(exc):  # a fault of the database, not of the request: 503, retry
+            log.warning("database unavailable in %s %s: %s", request.method, request.path, exc)
+            return fault_response(DatabaseUnavailable())
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(500, "internal_error", "internal server error")
 
