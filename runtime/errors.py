@@ -22,6 +22,23 @@ class RuntimeFault(Exception):
         super().__init__(self.message)
 
 
+class CommittedUnread(Exception):
+    """The command was committed, but the run could not be read after it: read the run, or
+    send the same command again for its answer (nothing is written twice).
+
+    Not a RuntimeFault: nothing was refused. ``run_id`` and ``seq`` (the commit) say what
+    took effect; ``__cause__`` is what failed after it.
+    """
+
+    def __init__(self, *, run_id: str, seq: int) -> None:
+        self.run_id, self.seq = run_id, seq
+        self.message = (
+            f"The command was committed (commit #{seq} of run {run_id}), but the run could not "
+            "be read after it. Read the run, or send the same command again for its answer."
+        )
+        super().__init__(self.message)
+
+
 class IllegalTransition(RuntimeFault):
     """The change is not a legal transition of the state machine."""
 

@@ -123,3 +123,38 @@ def database_refusing_connections() -> Iterator[None]:
             yield
         finally:
             admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(database))
+
+
+@contextmanager
+def failing_reads_of(table: str, timeout_ms: int = 200) -> Iterator[None]:
+    """Make this thread's reads of ``table`` fail for the block, while its other statements
+    (a command's commit) go through: what a connection lost, or a statement cancelled, between
+    a command's commit and the read of its answer looks like.
+
+    PostgreSQL: a real fault (another connection holds ACCESS EXCLUSIVE on ``table``, and
+    ``lock_timeout`` cancels the read). SQLite locks the whole file, never one table, so the
+    read is refused by an execute wrapper with the OperationalError a locked file gives.
+    """
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        connection.ensure_connection()
+        with psycopg.connect(subprocess_database_url()) as holder:
+            holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET lock_timeout = {int(timeout_ms)}")
+            try:
+                yield
+            finally:
+                with connection.cursor() as cursor:
+                    cursor.execute("RESET lock_timeout")
+                holder.rollback()
+        return
+
+    def refuse(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip().upper().startswith("SELECT") and f'"{table}"' in sql:
+            raise sqlite3.OperationalError("database is locked")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(refuse):
+        yield

@@ -5,7 +5,8 @@ The runtime's typed faults (``RuntimeFault``: ``.code``, ``.status``, ``.message
 errors, HTTP errors and 404s, unknown paths, wrong methods and unexpected exceptions too, so a
 client never sees another error shape. A database that cannot serve the request (unreachable,
 no pooled connection in time, a statement or lock timeout) is 503 ``database_unavailable``
-with ``Retry-After``, never a 500.
+with ``Retry-After``, never a 500; a command committed before something failed is 202 with
+its commit (``CommittedOut``), never an error.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from console.api.schemas import ErrorOut
+from console.api.schemas import CommittedOut, ErrorOut
 from runtime import db
-from runtime.errors import DatabaseUnavailable, RuntimeFault
+from runtime.errors import CommittedUnread, DatabaseUnavailable, RuntimeFault
 
 log = logging.getLogger("console.api")
 
@@ -96,8 +97,9 @@ def _body_relative(error: dict[str, Any]) -> dict[str, Any]:
 
 
 def errors(*statuses: int) -> dict[int, type[ErrorOut]]:
-    """The documented error responses of an operation: ``{status: ErrorOut}``."""
-    return dict.fromkeys(statuses, ErrorOut)
+    """The documented error responses of an operation: ``{status: ErrorOut}``, with the 503
+    that any operation answers when the database cannot serve it."""
+    return dict.fromkeys((*statuses, 503), ErrorOut)
 
 
 def install(api: NinjaAPI) -> None:
@@ -135,6 +137,12 @@ def install(api: NinjaAPI) -> None:
         return error_response(
             413, "payload_too_large", f"the request body is over {limit} bytes", {"limit": limit}
         )
+
+    @api.exception_handler(CommittedUnread)
+    def on_committed(request: HttpRequest, exc: CommittedUnread) -> HttpResponse:
+        # The command took effect: never an error. Sending it again gets the run (200).
+        body = CommittedOut(run_id=exc.run_id, seq=exc.seq, message=exc.message)
+        return JsonResponse(body.model_dump(), status=202)
 
     @api.exception_handler(Exception)
     def on_exception(request: HttpRequest, exc: Exception) -> HttpResponse:

@@ -78,6 +78,15 @@ class ErrorOut(Schema):
     error: ErrorBody
 
 
+class CommittedOut(Schema):
+    """A command that took effect, whose run could not be read after its commit (202)."""
+
+    committed: Literal[True] = True
+    run_id: str
+    seq: int = Field(description="the command's commit (its sequence in the thread's log)")
+    message: str
+
+
 # -- requests -------------------------------------------------------------------------------------
 
 

@@ -122,16 +122,37 @@ def test_refused_resumes_write_nothing(awaiting):
 
 
 @pytest.mark.parametrize("step", [ASK, APPROVE], ids=["input", "approval"])
-def test_consumed_ticket_is_refused(awaiting, step):
+def test_consumed_ticket_is_refused_to_any_other_command(awaiting, step):
     run_id, ticket = awaiting(step)
     thread_id = run_row(run_id).thread_id
-    resume(run_id, _command(ticket))
+    resume(run_id, _command(ticket), actor="op")
     seen = commit_count(thread_id)
-    with pytest.raises(TicketConsumed):
-        resume(run_id, _command(ticket))
-    with pytest.raises(TicketConsumed):  # whatever the answer
-        resume(run_id, _command(ticket, decision=Decision.DENY, input=None))
+    with pytest.raises(TicketConsumed):  # another answer
+        resume(run_id, _command(ticket, decision=Decision.DENY, input=None), actor="op")
+    with pytest.raises(TicketConsumed):  # another note
+        resume(run_id, _command(ticket, reason="changed my mind"), actor="op")
+    with pytest.raises(TicketConsumed):  # the same answer from someone else
+        resume(run_id, _command(ticket), actor="someone-else")
     assert commit_count(thread_id) == seen
+
+
+@pytest.mark.parametrize("step", [ASK, APPROVE], ids=["input", "approval"])
+def test_the_same_command_again_gets_the_committed_answer_without_a_key(
+    awaiting, work_inline, step
+):
+    """Issue 21, item 2: a client that never learnt its answer sends the command again,
+    without an idempotency key: it gets the run document, and nothing is written twice,
+    also after the run has gone on and ended."""
+    run_id, ticket = awaiting(step)
+    thread_id = run_row(run_id).thread_id
+    first = resume(run_id, _command(ticket), actor="op")
+    seen = commit_count(thread_id)
+    again = resume(run_id, _command(ticket), actor="op")
+    assert (again["id"], again["version"], again["state"]) == (run_id, first["version"], "running")
+    assert commit_count(thread_id) == seen
+    work_inline()
+    assert resume(run_id, _command(ticket), actor="op")["end_cause"] == "natural"
+    assert_log_sound(run_id)
 
 
 def test_resume_to_an_ended_run_is_refused(awaiting):

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runtime.crash import crash_point
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
-from runtime.errors import RuntimeFault
+from runtime.errors import CommittedUnread, RuntimeFault
 from runtime.models import Ticket
 from runtime.operations import resume
 from runtime.untrusted import UntrustedJSONError, is_id, parse_json
@@ -55,6 +55,10 @@ class Command(BaseCommand):
             document = resume(
                 run_id, command, actor=f"cli:{getpass.getuser()}", idempotency_key=idempotency_key
             )
+        except CommittedUnread as done:  # it took effect; only the read after it failed
+            crash_point("resume_committed")
+            self.stdout.write(f"run {run_id}: committed (commit #{done.seq}); {done.__cause__}")
+            return
         except RuntimeFault as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from exc
         crash_point("resume_committed")
