@@ -63,6 +63,13 @@ class InvalidCursor(RuntimeFault):
     status = 422
 
 
+class UnsupportedMediaType(RuntimeFault):
+    """A request body is JSON, sent with Content-Type: application/json."""
+
+    code = "unsupported_media_type"
+    status = 415
+
+
 def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "detail": detail or {}}}
 
@@ -124,6 +131,8 @@ def install(api: NinjaAPI) -> None:
 
     @api.exception_handler(HttpError)
     def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+        if isinstance(exc.__cause__, RuntimeFault):  # ninja wraps what the parser raised
+            return fault_response(exc.__cause__)
         code = HTTP_CODES.get(exc.status_code, "error")
         return error_response(exc.status_code, code, str(exc))
 
