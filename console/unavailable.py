@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 from django.views import defaults
 
+from console.api.errors import fault_response
 from runtime import db
 from runtime.errors import DatabaseUnavailable
 
@@ -52,7 +53,5 @@ def server_error(request: HttpRequest) -> HttpResponse:
     if not db.unavailable(sys.exception() or Exception()):
         return defaults.server_error(request)
     if request.path.startswith("/api/"):
-        from console.api.errors import fault_response
-
         return fault_response(DatabaseUnavailable())
     return page()
