@@ -25,6 +25,7 @@ RUNTIME_VAR_DIR) when DATABASE_URL is unset or SQLite, which serializes writers.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
@@ -281,7 +282,7 @@ def floor(runs: int) -> float:
                         metadata={},
                         on_delta=lambda delta: None,
                     )
-                    result = provider.infer(request, ctx)
+                    result = asyncio.run(provider.infer(request, ctx))
                     blocks = tuple(
                         {"id": c.id, "name": c.name, "arguments": c.arguments}
                         for c in result.tool_calls

@@ -29,7 +29,7 @@ from typing import Any
 
 from loop_bench import check_outcome, spawn, start_runs
 
-TOOLS_THREAD = "tools"  # runtime.loop.ToolThread's thread name
+TOOLS_THREAD = "tools"  # a worker's tool threads are "tools-N" (runtime.loop.ThreadPool)
 # How often the bench looks whether its runs ended: rarely while throughput is measured (the
 # rate ends at the last commit, not at the look, and looks are transactions the server
 # counts), often for the latency probes.

@@ -2,7 +2,7 @@
 and whether its memory stays flat.
 
 1. ``--runs`` demo runs are started (``start_run``, on ``--start-threads`` threads).
-2. ``--doomed`` worker processes (``--concurrency`` loops each) drive them until
+2. ``--doomed`` worker processes (``--max-inflight`` runs each) drive them until
    ``--kill-after`` runs have finished, then all of them are killed with SIGKILL: the runs they
    were driving are left Running under a lease that nobody renews.
 3. Unless ``--only-killed``, every other Running run is then given a lease of a dead worker
@@ -66,7 +66,7 @@ def kill_fleet(count: int, concurrency: int, after: int, log: Path) -> datetime:
     from django.utils import timezone
 
     fleet = [
-        spawn(["--worker-id", f"bench-doomed-{i}", "--concurrency", str(concurrency)], log)
+        spawn(["--worker-id", f"bench-doomed-{i}", "--max-inflight", str(concurrency)], log)
         for i in range(count)
     ]
     while finished() < after:
@@ -141,7 +141,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10_000, help="runs left open")
     parser.add_argument("--doomed", type=int, default=2, help="worker processes killed")
-    parser.add_argument("--concurrency", type=int, default=2, help="loops per doomed worker")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=2,
+        help="runs each doomed worker drives at once (--max-inflight)",
+    )
     parser.add_argument("--kill-after", type=int, default=None, help="default: runs / 100")
     parser.add_argument("--lease-seconds", type=float, default=15.0, help="the lease period")
     parser.add_argument("--start-threads", type=int, default=4)

@@ -221,7 +221,7 @@ def main() -> None:
         port = free_port()
         log = Path(tmp) / "serve.log"
         command = [sys.executable, "manage.py", "runtime_serve", "--port", str(port)]
-        command += ["--processes", args.processes, "--concurrency", "4"]
+        command += ["--processes", args.processes, "--max-inflight", "4"]
         with log.open("w") as out:
             server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
         try:

@@ -17,30 +17,62 @@ deactivated or no longer may read (issue 12: a removed viewer kept an open socke
 sockets of one user share that read (one per user and process every ACCESS_FRESH seconds).
 These reads run on the thread pool, not on the one thread that serves the process's sync
 views.
+
+The stream takes nothing from clients. A message a client sends anyway is parsed by the rules
+for untrusted JSON (runtime.untrusted) and ignored; one that is binary, larger than
+RUNTIME_WS_MAX_MESSAGE_BYTES or not such JSON closes the socket with 4400 and the reason
+(also sent first as an ``error`` event: daphne drops a close frame's reason), logged in one
+line; nothing a client sends makes a consumer raise (issue 21: each of these closed with 1011
+and a traceback).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any, TypedDict
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from console.db import ACCESS_FRESH, ACCESS_SECONDS, SharedAnswers, off_loop
 from console.models import READ
 from runtime.live import ALL_RUNS_GROUP, bind_to_running_loop, run_group
 from runtime.models import Run, StreamCheckpoint, ThreadCommit
-from runtime.untrusted import is_id
+from runtime.untrusted import UntrustedJSONError, is_id, parse_json
 
 # Close codes (4000-4999 are the application's): sent when the handshake is refused after
 # the socket was accepted; before acceptance a refusal is an HTTP 403 on the upgrade.
 NOT_FOUND = 4404
 FORBIDDEN = 4403
+BAD_MESSAGE = 4400
+REASON_BYTES = 123  # the most a close frame's reason holds (RFC 6455, 5.5)
 WATCH_SECONDS = 1.0
 _ACCESS = SharedAnswers(fresh=ACCESS_FRESH)
+log = logging.getLogger(__name__)
+
+
+def max_message_bytes() -> int:
+    """The largest message a client may send, in bytes (RUNTIME_WS_MAX_MESSAGE_BYTES)."""
+    return int(getattr(settings, "RUNTIME_WS_MAX_MESSAGE_BYTES", 65_536))
+
+
+def message_problem(text_data: str | None, bytes_data: bytes | None) -> str | None:
+    """Say why a client's message is refused (binary, too large, not untrusted JSON we
+    accept: ``runtime.untrusted.parse_json``'s reason), or return None; never raises."""
+    if text_data is None:
+        return "binary messages are not accepted"
+    size = len(text_data.encode("utf-8", "surrogatepass"))
+    if size > (limit := max_message_bytes()):
+        return f"message too large: {size} bytes (at most {limit})"
+    try:
+        parse_json(text_data, "message")
+    except UntrustedJSONError as exc:
+        return str(exc)
+    return None
 
 
 @off_loop
@@ -93,6 +125,23 @@ def _latest_commit_id() -> int | None:
 class _LiveConsumer(AsyncJsonWebsocketConsumer):
     group: str = ""
     watcher: asyncio.Task[None] | None = None
+    refused: bool = False
+
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
+        """Check a client's message and ignore it; close with BAD_MESSAGE when it is refused
+        (``message_problem``). Messages after a refusal are dropped unread."""
+        if self.refused:
+            return
+        problem = message_problem(text_data, bytes_data)
+        if problem is None:
+            return
+        self.refused = True
+        log.warning("websocket %s: closed %d: %s", self.scope.get("path"), BAD_MESSAGE, problem)
+        await self.send_json({"event": "error", "code": BAD_MESSAGE, "reason": problem})
+        reason = problem.encode()[:REASON_BYTES].decode(errors="ignore")
+        await self.close(code=BAD_MESSAGE, reason=reason)
 
     async def mark(self) -> dict[str, Any] | None:
         """The notice to send when the log moved: ``{"seq", "state"}`` (None: nothing)."""

@@ -29,13 +29,13 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.staticfiles.storage import staticfiles_storage
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.migrations.executor import MigrationExecutor
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from runtime import metrics
+from runtime.db import unapplied_migrations
 
 NO_STORE = b"max-age=0, no-cache, no-store, must-revalidate, private"
 
@@ -63,11 +63,9 @@ def check_database() -> str:
 
 def check_migrations() -> str:
     """ "ok" when no migration is unapplied; raises RuntimeError naming the first few."""
-    executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
-    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
-    if plan:
-        names = ", ".join(f"{m.app_label}.{m.name}" for m, _ in plan[:3])
-        raise RuntimeError(f"{len(plan)} unapplied: {names}")
+    unapplied = unapplied_migrations()
+    if unapplied:
+        raise RuntimeError(f"{len(unapplied)} unapplied: {', '.join(unapplied[:3])}")
     return "ok"
 
 
@@ -95,11 +93,21 @@ def check_static_files() -> str:
 
 PROBE_STATIC = "console/console.css"  # every console page links it
 
+
+def check_worker() -> str:
+    """The in-process worker's state (``runtime_serve``): "ok", or why it cannot work (the
+    database unreachable, its pool exhausted); "ok" where the process runs none."""
+    from runtime.worker import problems
+
+    return "; ".join(problems()) or "ok"
+
+
 CHECKS: dict[str, Callable[[], str]] = {
     "database": check_database,
     "migrations": check_migrations,
     "channel_layer": check_channel_layer,
     "static_files": check_static_files,
+    "worker": check_worker,
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from runtime.conf import heartbeat_problem
 from runtime.logs import LEVELS, logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -213,6 +214,12 @@ ASGI_APPLICATION = "console.asgi.application"
 RUNTIME_REQUEST_THREADS = env_number(
     "RUNTIME_REQUEST_THREADS", 8, minimum=1, maximum=256, integer=True
 )
+# The largest WebSocket message a client may send (bytes; console.consumers refuses larger
+# ones with 4400, and runtime_serve has daphne refuse them with 1009 before reading them).
+# The live stream takes nothing from clients, so a small bound costs nothing.
+RUNTIME_WS_MAX_MESSAGE_BYTES = env_number(
+    "RUNTIME_WS_MAX_MESSAGE_BYTES", 65_536, minimum=1024, maximum=64 * 1024 * 1024, integer=True
+)
 
 TEMPLATES = [
     {
@@ -333,7 +340,12 @@ RUNTIME_AGENTS = env_list(
 )
 RUNTIME_ALLOW_SCRIPTED = env_bool("RUNTIME_ALLOW_SCRIPTED", True)
 RUNTIME_LEASE_SECONDS = env_number("RUNTIME_LEASE_SECONDS", 15, minimum=0.2, maximum=DAY)
-RUNTIME_HEARTBEAT_SECONDS = env_number("RUNTIME_HEARTBEAT_SECONDS", 5, minimum=0.1, maximum=DAY)
+# By default a third of the lease, so that setting the lease alone never breaks the rule.
+RUNTIME_HEARTBEAT_SECONDS = env_number(
+    "RUNTIME_HEARTBEAT_SECONDS", RUNTIME_LEASE_SECONDS / 3, minimum=0.1, maximum=DAY
+)
+if problem := heartbeat_problem(RUNTIME_HEARTBEAT_SECONDS, RUNTIME_LEASE_SECONDS):
+    raise ImproperlyConfigured(problem)
 # Silent worker rows holding no run are deleted after this long (0: never; runtime.registry).
 RUNTIME_WORKER_FORGET_SECONDS = env_number(
     "RUNTIME_WORKER_FORGET_SECONDS", 3600, minimum=0, maximum=365 * DAY
@@ -349,6 +361,13 @@ RUNTIME_MODEL_BACKOFF_SECONDS = env_number(
     "RUNTIME_MODEL_BACKOFF_SECONDS", 0.5, minimum=0, maximum=3600
 )
 RUNTIME_IDLE_POLL_SECONDS = env_number("RUNTIME_IDLE_POLL_SECONDS", 0.5, minimum=0.01, maximum=60)
+# A worker's database and tool threads, each keeping one connection (runtime/worker.py).
+RUNTIME_WORKER_DB_CONNECTIONS = env_number(
+    "RUNTIME_WORKER_DB_CONNECTIONS", 4, minimum=1, maximum=100, integer=True
+)
+RUNTIME_WORKER_TOOL_THREADS = env_number(
+    "RUNTIME_WORKER_TOOL_THREADS", 4, minimum=1, maximum=1000, integer=True
+)
 # The `assistant` agent's MCP servers (docs/real-models.md).
 RUNTIME_MCP_SERVERS = env_mcp_servers("RUNTIME_MCP_SERVERS")
 RUNTIME_DELEGATION_MAX_DEPTH = env_number(

@@ -110,8 +110,15 @@ def registry() -> dict[str, Agent]:
 
 
 def get_agent(name: str) -> Agent:
-    """Return the agent named ``name``; raise UnknownAgent listing the known names."""
+    """Return the agent named ``name``; raise UnknownAgent whose message names the known
+    agents and the setting that lists them (``detail.known`` holds the names)."""
     agents = registry()
     if name not in agents:
-        raise UnknownAgent(f"unknown agent {name!r}", known=sorted(agents))
+        known = sorted(agents)
+        raise UnknownAgent(
+            f"unknown agent {name!r}; the known agents are {', '.join(known)}. Agents are"
+            " listed by dotted path in the RUNTIME_AGENTS setting (e.g."
+            " RUNTIME_AGENTS=runtime.demo.agent.demo,myproject.agents.fx)",
+            known=known,
+        )
     return agents[name]

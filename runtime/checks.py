@@ -29,19 +29,12 @@ def agents_load(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
 
 @checks.register()
 def heartbeat_within_lease(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """runtime.W001: a heartbeat no shorter than the lease lets a live owner's lease lapse
-    between two heartbeats, and another worker takes its run over (DESIGN: leases)."""
-    heartbeat, lease = conf.heartbeat_seconds(), conf.lease_ttl().total_seconds()
-    if heartbeat < lease:
-        return []
-    return [
-        checks.Warning(
-            f"RUNTIME_HEARTBEAT_SECONDS ({heartbeat:g}) is not shorter than"
-            f" RUNTIME_LEASE_SECONDS ({lease:g}): live workers will lose their runs",
-            hint="a heartbeat of a third of the lease (the defaults: 5 and 15) leaves room",
-            id="runtime.W001",
-        )
-    ]
+    """runtime.E002: a heartbeat longer than a third of the lease lets a live owner's lease
+    lapse, and another worker takes its run over (``conf.heartbeat_problem``). This project's
+    settings module refuses such values before any check runs; the check keeps the rule for
+    a project that sets them some other way."""
+    problem = conf.heartbeat_problem(conf.heartbeat_seconds(), conf.lease_ttl().total_seconds())
+    return [] if problem is None else [checks.Error(problem, id="runtime.E002")]
 
 
 @checks.register()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 from django.conf import settings
@@ -25,8 +26,32 @@ def lease_ttl() -> timedelta:
 
 
 def heartbeat_seconds() -> float:
-    """How often an owner renews its lease (RUNTIME_HEARTBEAT_SECONDS, default 5 s)."""
-    return float(_get("RUNTIME_HEARTBEAT_SECONDS", 5))
+    """How often an owner renews its lease (RUNTIME_HEARTBEAT_SECONDS, default a third of
+    the lease: 5 s)."""
+    return float(_get("RUNTIME_HEARTBEAT_SECONDS", lease_ttl().total_seconds() / 3))
+
+
+HEARTBEATS_PER_LEASE = 3  # a lease outlives a missed heartbeat (etcd renews at a third of a TTL)
+
+
+def heartbeat_problem(heartbeat: float, lease: float) -> str | None:
+    """Say why a heartbeat of ``heartbeat`` seconds cannot keep a lease of ``lease`` seconds
+    (one line naming both settings), or return None.
+
+    The rule: at most a third of the lease. A renewal that comes later than the lease lasts
+    lets another worker take a live owner's run over (issue 21, as with Celery's visibility
+    timeout); a third leaves room for a missed or late renewal. The settings module refuses
+    such values at start-up and the ``runtime.E002`` check reports them.
+    """
+    if heartbeat * HEARTBEATS_PER_LEASE <= lease or math.isclose(
+        heartbeat * HEARTBEATS_PER_LEASE, lease
+    ):
+        return None
+    return (
+        f"RUNTIME_HEARTBEAT_SECONDS ({heartbeat:g}) must be at most a third of"
+        f" RUNTIME_LEASE_SECONDS ({lease:g}): a lease that lapses between two heartbeats"
+        " hands a live worker's runs to another worker"
+    )
 
 
 def worker_forget_seconds() -> float:
@@ -45,6 +70,20 @@ def poison_deaths() -> int:
     """Claims lost with their worker, without any commit, before a run is ended as
     indeterminate (default 20): a run that keeps killing workers still ends."""
     return int(_get("RUNTIME_POISON_DEATHS", 20))
+
+
+def worker_db_connections() -> int:
+    """The database threads of a worker process, each keeping one connection: all its
+    statements run there, however many runs it has in flight (RUNTIME_WORKER_DB_CONNECTIONS,
+    default 4)."""
+    return int(_get("RUNTIME_WORKER_DB_CONNECTIONS", 4))
+
+
+def worker_tool_threads() -> int:
+    """The threads a worker process runs ``def`` tools on, so at most that many at once
+    (``async def`` tools run on its event loop, unbounded); each keeps a connection once a
+    tool used the database (RUNTIME_WORKER_TOOL_THREADS, default 4)."""
+    return int(_get("RUNTIME_WORKER_TOOL_THREADS", 4))
 
 
 def idle_poll_seconds() -> float:

@@ -18,9 +18,11 @@ inside ``transaction.atomic()``. A conflict means another writer committed first
 loser is written, and it must reload the committed state and decide again, never overwrite.
 Listeners hear of a commit only after its transaction has committed.
 
-A commit that ends a child Run, or a Run with live children, is written in one transaction
-together with what delegation owes (``runtime.delegation.on_run_ended``): the delivery of the
-child's terminus to its parent, the cancellation of the children.
+A commit that ends a child Run, or a Run with live children, owes other Runs follow-ups (the
+delivery of the child's terminus to its parent, the cancellation of the children): ``prepare``
+names them as values (``domain.delegation.follow_ups``) before anything is written, and the
+layer above (``runtime.commits``) writes the commit and applies them in one transaction. This
+module never calls up.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from django.utils import timezone
 
 from runtime import codec, metrics
 from runtime.domain.commit import CommitDraft, apply_commit
+from runtime.domain.delegation import FollowUp, follow_ups
 from runtime.domain.events import CallExecuting, CallResumed, ReconciliationRecorded, StepCommitted
 from runtime.domain.model import ResumeTicket, RunState, RunView, ThreadHead, ToolBatch, ToolCall
 from runtime.errors import InvalidCommit, LeaseLost, NotFound, VersionConflict
@@ -117,24 +120,32 @@ def read_frontier(thread_id: str, run_id: str | None) -> tuple[ThreadHead, RunVi
 # -- the commit ----------------------------------------------------------------------------------
 
 
-@metrics.observe_commit
-def commit(
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A validated commit, not yet written: its rows, the state it leaves, and what it owes
+    other Runs (applied by ``runtime.commits`` in the same transaction)."""
+
+    draft: CommitDraft
+    writes: _Writes
+    head: ThreadHead
+    run: RunView | None
+    follow_ups: tuple[FollowUp, ...]
+
+
+def prepare(
     draft: CommitDraft,
     *,
     lease: Lease | None = None,
     head: ThreadHead | None = None,
     before: RunView | None = None,
     new_thread: bool = False,
-) -> Committed:
-    """Validate and write one ThreadCommit; return its sequence and the new state.
+) -> Plan:
+    """Validate one ThreadCommit and plan its writes (nothing is written).
 
     ``head`` and ``before`` are the committed head and target run the caller decided on
     (both or neither; read here when not given). ``new_thread`` creates the thread
     ``draft.thread_id`` with this, its first commit (a run's activation), in the same write.
-    Raises VersionConflict when the thread is not at ``draft.expected_version`` or the run
-    moved since ``before``, LeaseLost when ``lease`` no longer owns the run, NotFound for an
-    unknown thread, and any refusal of ``apply_commit``. On any error nothing is written and
-    nobody is told.
+    Raises NotFound for an unknown thread and any refusal of ``apply_commit``.
     """
     target = draft.run_id or _reconciled_run_id(draft)
     if new_thread:
@@ -144,23 +155,27 @@ def commit(
     new_head, run = apply_commit(head, before, draft)
     writes = _plan(draft, head, new_head, before, run, lease)
     writes.create_thread = new_thread
+    return Plan(draft, writes, new_head, run, follow_ups(before, run))
+
+
+@metrics.observe_commit
+def write(plan: Plan) -> Committed:
+    """Write a planned commit; return its sequence and the new state.
+
+    Raises VersionConflict when the thread is not at the expected version or the run moved
+    since the plan's ``before``, LeaseLost when the plan's lease no longer owns the run, and
+    InvalidCommit when the database refuses a value. On any error nothing is written and
+    nobody is told. A plan that owes follow-ups is written inside the caller's transaction.
+    """
+    draft, writes, run = plan.draft, plan.writes, plan.run
     outermost = not connection.in_atomic_block
     try:
-        if _owes_delegation(before, run):
-            with transaction.atomic():
-                moved = _write(writes)
-                if moved:
-                    from runtime import delegation  # it commits through this module
-
-                    assert run is not None
-                    delegation.on_run_ended(before, run, draft)
-        else:
-            moved = _write(writes)
+        moved = _write(writes)
     except OperationalError as exc:
         # Two threads' commits in one transaction (a child's end delivering to its parent, a
         # parent's end cancelling its children) may deadlock on PostgreSQL; the database
         # rolls one back whole, and for its writer that is a conflict like any other.
-        if outermost and getattr(exc.__cause__, "sqlstate", "") == "40P01":
+        if outermost and deadlocked(exc):
             raise VersionConflict(expected=draft.expected_version, reason=str(exc)) from exc
         raise
     except DataError as exc:  # a value the database cannot store (a NUL, a lone surrogate)
@@ -181,7 +196,33 @@ def commit(
         runnable=writes.notify,
     )
     transaction.on_commit(partial(_announce, notice))
-    return Committed(seq=writes.seq, head=new_head, run=run)
+    return Committed(seq=writes.seq, head=plan.head, run=run)
+
+
+def commit(
+    draft: CommitDraft,
+    *,
+    lease: Lease | None = None,
+    head: ThreadHead | None = None,
+    before: RunView | None = None,
+    new_thread: bool = False,
+) -> Committed:
+    """``prepare`` and ``write`` a commit that owes no other Run anything (an activation, a
+    step, a resume, a note); raises what they raise. A commit that ends a child Run or a Run
+    with live children goes through ``runtime.commits.commit`` instead: here it raises
+    InvalidCommit rather than leave its follow-ups undone."""
+    plan = prepare(draft, lease=lease, head=head, before=before, new_thread=new_thread)
+    if plan.follow_ups:
+        raise InvalidCommit(
+            "this commit owes other runs follow-ups; commit it with runtime.commits.commit",
+            reason=", ".join(type(f).__name__ for f in plan.follow_ups),
+        )
+    return write(plan)
+
+
+def deadlocked(exc: OperationalError) -> bool:
+    """Whether PostgreSQL rolled the transaction back to break a deadlock."""
+    return getattr(exc.__cause__, "sqlstate", "") == "40P01"
 
 
 def _write(writes: _Writes) -> bool:
@@ -192,16 +233,6 @@ def _write(writes: _Writes) -> bool:
         with transaction.atomic():
             return _write_postgres(writes)
     return _write_postgres(writes)  # autocommit: the statement is its own transaction
-
-
-def _owes_delegation(before: RunView | None, run: RunView | None) -> bool:
-    """Whether this commit ends a child Run or a Run with live children (no I/O)."""
-    if run is None or run.state is not RunState.ENDED:
-        return False
-    if before is not None and before.state is RunState.ENDED:
-        return False
-    children = before is not None and any(c.detached for b in before.batches for c in b.calls)
-    return run.parent_run_id is not None or children
 
 
 def _reconciled_run_id(draft: CommitDraft) -> str | None:

@@ -20,9 +20,18 @@ from django.db import (
     connection,
     connections,
 )
+from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Expression, Value
 from django.db.models.functions import Now
 from django.utils import timezone
+
+
+def unapplied_migrations() -> list[str]:
+    """The migrations the default database lacks, in the order ``migrate`` applies them
+    (``app_label.name``); raises DatabaseError when the database does not answer."""
+    executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    return [f"{migration.app_label}.{migration.name}" for migration, _ in plan]
 
 
 def keep_usable() -> None:
@@ -102,6 +111,15 @@ def reserve_connections(count: int) -> None:
     RUNTIME_DB_POOL_SIZE=0) there is nothing to do."""
     if (pool := _pool()) is not None:
         pool.resize(pool.min_size, pool.max_size + count)
+
+
+def size_pool(count: int) -> None:
+    """Size this process's connection pool to exactly ``count`` connections, for a process
+    whose only users of the database are ``count`` threads that keep one each for their
+    whole life (a worker process): it never opens one more. Without a pool (SQLite, or
+    RUNTIME_DB_POOL_SIZE=0) each of those threads opens its own."""
+    if (pool := _pool()) is not None:
+        pool.resize(min(pool.min_size, count), count)
 
 
 def open_pool() -> None:

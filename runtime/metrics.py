@@ -24,7 +24,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -55,6 +62,13 @@ POISON_ENDS = Counter(
     "runtime_poison_ends_total",
     "Runs ended as indeterminate after stopping too many workers without a commit.",
 )
+WORKER_PROBLEM = Gauge(
+    "runtime_worker_problem",
+    "1 while this process's worker cannot work, by reason (database_unreachable, "
+    "pool_exhausted); 0 otherwise.",
+    ["reason"],
+)
+INFLIGHT = Gauge("runtime_worker_inflight_runs", "Runs this process's worker drives now.")
 INFERENCE_SECONDS = Histogram(
     "runtime_inference_duration_seconds",
     "One inference attempt, first request to last streamed delta.",
@@ -115,6 +129,12 @@ def claimed(*, deaths: int) -> None:
         LEASE_TAKEOVERS.inc()
 
 
+def worker_problem(reason: str) -> None:
+    """Record the worker's state: ``reason`` is "" (it works) or one of WORKER_PROBLEM's."""
+    for known in ("database_unreachable", "pool_exhausted"):
+        WORKER_PROBLEM.labels(known).set(1 if known == reason else 0)
+
+
 def poison_ended() -> None:
     """Record a run ended as poison (RUNTIME_POISON_CLAIMS exceeded)."""
     POISON_ENDS.inc()
@@ -140,8 +160,8 @@ def inference_observed(
             INFERENCE_TOKENS.labels(provider, model, direction).inc(count)
 
 
-def measure_inference(provider: Any, request: Any, ctx: Any) -> Any:
-    """Call ``provider.infer(request, ctx)`` and record it with ``inference_observed``
+async def measure_inference(provider: Any, request: Any, ctx: Any) -> Any:
+    """Await ``provider.infer(request, ctx)`` and record it with ``inference_observed``
     (labels: the provider's ``name``, ``request.model``) and in a ``chat MODEL`` span
     (runtime.tracing). Returns its InferenceResult; ModelError and any other exception pass
     through."""
@@ -151,7 +171,7 @@ def measure_inference(provider: Any, request: Any, ctx: Any) -> Any:
     name = getattr(provider, "name", type(provider).__name__)
     with tracing.inference_span(name, request.model or "default") as span:
         try:
-            result = provider.infer(request, ctx)
+            result = await provider.infer(request, ctx)
         except ModelError as exc:
             seconds = time.perf_counter() - started
             inference_observed(name, request.model, seconds, error=exc.retryable)

@@ -303,6 +303,10 @@ class WorkerProcess(models.Model):
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # Why the worker cannot work now ("" while it can): the database is unreachable, or its
+    # connection pool is exhausted (written when a connection allows, cleared on recovery).
+    problem = models.CharField(max_length=500, blank=True, default="")
+    problem_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["-heartbeat_at"], name="worker_recent")]

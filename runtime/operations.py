@@ -20,24 +20,37 @@ from django.db import IntegrityError, connection, transaction
 
 from runtime import codec, conf, db, tracing
 from runtime.agents import get_agent
-from runtime.coordinator import Committed, commit, read_frontier, read_head, read_run
+from runtime.commits import commit
+from runtime.coordinator import Committed, read_frontier, read_head, read_run
+from runtime.crash import crash_point
+from runtime.delegation import child_run_id
 from runtime.documents import run_document
 from runtime.domain.commit import (
     CommitDraft,
     check_operator_resume,
     end_cause_reason,
     ending,
+    stage,
 )
-from runtime.domain.delegation import ChildLink
-from runtime.domain.events import CallResumed, ReconciliationRecorded, RunActivated
+from runtime.domain.delegation import ChildLink, settle
+from runtime.domain.events import (
+    CallResumed,
+    ChildStarted,
+    Event,
+    ReconciliationRecorded,
+    RunActivated,
+)
 from runtime.domain.model import (
     Decision,
     Disposition,
     EndCause,
     Message,
     ResumeCommand,
+    ResumeTicket,
     RunState,
     RunView,
+    TicketKind,
+    ToolCall,
 )
 from runtime.errors import (
     CommittedUnread,
@@ -63,7 +76,7 @@ from runtime.models import (
     new_id,
 )
 from runtime.providers.scripted import parse_script
-from runtime.tools import ToolArgumentsError
+from runtime.tools import Tool, ToolArgumentsError
 from runtime.untrusted import UntrustedJSONError, answer_problem, check_storable, is_id
 
 CONFLICT_RETRIES = 5  # a command re-reads and re-decides when a worker commits first
@@ -528,3 +541,61 @@ def reconcile(
                 agent=follow_up_agent, input=text, thread_id=thread_id, actor=actor
             )
     return {"call_id": call_id, "outcome": outcome, "seq": done.seq, "follow_up_run_id": follow_up}
+
+
+def start_child(
+    run: RunView,
+    call: ToolCall,
+    tool: Tool,
+    arguments: dict[str, Any],
+    commit_parent: Callable[[Disposition, tuple[Event, ...]], RunView],
+) -> str | None:
+    """Start the child of an Executing delegate call and park the call on it, atomically
+    (issue 10): one transaction commits the child's activation on its own thread and the
+    parent's ChildStarted (the call Awaiting with a ``delegation`` ticket naming the child),
+    so a crash leaves both or neither. The child's id is derived from the call's operation id
+    (``delegation.child_run_id``), so recovery finds it and never starts a second one.
+
+    ``commit_parent(disposition, events)`` commits on the parent's thread (the driver's
+    lease-fenced commit). Returns None, or the error text when the child cannot start (an
+    unknown agent, a refused script, bad input): the caller completes the call with it.
+    Raises what ``commit_parent`` raises (VersionConflict, LeaseLost), with nothing written.
+    """
+    assert tool.delegate is not None
+    child_id = child_run_id(call.operation_id)
+    link = ChildLink(
+        run_id=child_id, parent_run_id=run.run_id, parent_call_id=call.call_id, depth=run.depth + 1
+    )
+    with transaction.atomic():
+        existing = read_run(child_id)  # recovery finds the child by the call's operation id
+        if existing is None:
+            metadata = tool.delegate.metadata(arguments) if tool.delegate.metadata else {}
+            try:
+                with transaction.atomic():
+                    start_run(
+                        agent=tool.delegate.agent,
+                        input=arguments["input"],
+                        metadata=metadata,
+                        actor=f"run:{run.run_id}",
+                        child=link,
+                    )
+            except RuntimeFault as exc:
+                return f"The child run could not start: {exc.message} ({exc.code})."
+        child = read_run(child_id)
+        assert child is not None
+        ticket = ResumeTicket(
+            id=uuid.uuid4().hex,
+            run_id=run.run_id,
+            call_id=call.call_id,
+            kind=TicketKind.DELEGATION,
+            request={"child_run_id": child_id, "agent": child.agent, "input": arguments["input"]},
+        )
+        event = ChildStarted(
+            call_id=call.call_id,
+            child_run_id=child_id,
+            child_thread_id=child.thread_id,
+            ticket=ticket,
+        )
+        commit_parent(settle(stage(run, (event,))), (event,))
+    crash_point("child_started")
+    return None

@@ -19,15 +19,10 @@ import logging
 import os
 import socket
 import subprocess
-import threading
-import time
-from collections.abc import Callable
 from datetime import timedelta
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
 
-from django.db import connection
 from django.utils import timezone
 
 from runtime import conf, inventory
@@ -85,6 +80,13 @@ def register(worker_id: str, concurrency: int) -> None:
     )
 
 
+def report(worker_id: str, problem: str) -> None:
+    """Record why ``worker_id`` cannot work now ("" once it can again)."""
+    WorkerProcess.objects.filter(id=worker_id).update(
+        problem=problem[:500], problem_since=timezone.now() if problem else None
+    )
+
+
 def heartbeat(worker_id: str) -> None:
     """Say that ``worker_id`` is alive now (re-registers a row an operator deleted)."""
     if not WorkerProcess.objects.filter(id=worker_id).update(heartbeat_at=timezone.now()):
@@ -118,49 +120,3 @@ def forget_expired() -> None:
     seconds = conf.worker_forget_seconds()
     if seconds > 0:
         forget(timedelta(seconds=seconds))
-
-
-class Registration(threading.Thread):
-    """Registers a worker, beats while it runs, and records its stop (``stop()``)."""
-
-    def __init__(self, worker_id: str, concurrency: int) -> None:
-        super().__init__(name=f"registry-{worker_id}", daemon=True)
-        self.worker_id = worker_id
-        self.concurrency = concurrency
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        forgot_at = time.monotonic()  # start() forgot just now
-        try:
-            while not self.done.wait(conf.heartbeat_seconds()):
-                self._safely(heartbeat, self.worker_id)
-                if time.monotonic() >= forgot_at + FORGET_EVERY_SECONDS:
-                    forgot_at = time.monotonic()
-                    self._safely(forget_expired)
-            self._safely(stopped, self.worker_id)
-        finally:
-            connection.close()
-
-    def _safely(self, write: Callable[..., None], *args: Any) -> None:
-        try:
-            write(*args)
-        except Exception:  # the registry is for operators; it never stops a worker
-            log.warning("worker %s: registry write failed", self.worker_id, exc_info=True)
-            connection.close()  # a broken connection is reopened by the next write
-
-    def stop(self) -> None:
-        """Record the stop and wait (up to 2 s) for the write: a stopping worker is not held
-        up by a busy database (unrecorded, the worker turns stale instead of stopped)."""
-        self.done.set()
-        self.join(timeout=2)
-
-
-def start(worker_id: str, concurrency: int) -> Registration:
-    """Register ``worker_id`` now and keep it beating (on a daemon thread) until ``stop()`` on
-    the returned object; a failed registry write is logged, never raised."""
-    registration = Registration(worker_id, concurrency)
-    # Registered before the worker claims anything, so a held run always names a known worker.
-    registration._safely(register, worker_id, concurrency)
-    registration._safely(forget_expired)
-    registration.start()
-    return registration

@@ -31,7 +31,7 @@ from django.db.models import Count, Max, Q
 from django.utils.dateparse import parse_datetime
 
 from runtime import codec, fsck, inventory
-from runtime.coordinator import commit
+from runtime.commits import commit
 from runtime.domain.commit import CommitDraft, fold
 from runtime.domain.model import RunState
 from runtime.errors import ImportRefused, InvalidCommit, NotFound, RuntimeFault
@@ -176,7 +176,9 @@ def _parse(lines: Iterable[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             continue
         try:
             documents.append(json.loads(text))
-        except json.JSONDecodeError as exc:
+        except RecursionError as exc:  # deeper than any log the runtime writes
+            raise ImportRefused(f"line {number} is not JSON we read: nested too deeply") from exc
+        except ValueError as exc:  # JSONDecodeError, or an integer over Python's 4,300 digits
             raise ImportRefused(f"line {number} is not JSON: {exc}") from exc
     if not documents or documents[0].get("format") != FORMAT:
         raise ImportRefused(f"the first line must be a {FORMAT} header")

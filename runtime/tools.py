@@ -10,7 +10,8 @@ from __future__ import annotations
 import inspect
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -36,6 +37,10 @@ class ToolContext:
     look (one indexed read) right before an effect; ``fence()`` holds the run's lease for the
     rest of the caller's database transaction, so an effect written in that transaction
     cannot land beside a takeover's (issue: "commits are fenced; effects are not").
+
+    An ``async def`` tool runs on the worker's event loop, where no blocking call belongs: it
+    awaits ``astill_owner()`` and ``afenced(effect)`` instead, which run on the worker's
+    database threads. ``wait_for``/``wait_until`` raise and so work the same in both.
     """
 
     run_id: str
@@ -45,6 +50,8 @@ class ToolContext:
     worker_id: str
     lease_epoch: int = 0
     woken_at: str | None = None  # the due time of the timer that woke this attempt
+    # Runs a blocking function where the worker's statements run (runtime.loop.Services.db).
+    db: Callable[..., Awaitable[Any]] | None = field(default=None, repr=False, compare=False)
 
     def _lease(self) -> Any:
         from runtime.models import Run
@@ -83,6 +90,31 @@ class ToolContext:
         rows). Raises Fenced when this claim no longer owns the run."""
         if not self._lease().select_for_update().values_list("id", flat=True).first():
             raise Fenced(f"run {self.run_id} is no longer owned by lease {self.lease_epoch}")
+
+    async def astill_owner(self) -> bool:
+        """``still_owner()`` for an ``async def`` tool."""
+        return bool(await self._db(self.still_owner))
+
+    async def afenced[T](self, effect: Callable[[], T]) -> T:
+        """For an ``async def`` tool: run the blocking ``effect()`` in one database transaction
+        that first takes ``fence()``; return what it returns. Raises Fenced (nothing of the
+        effect is written) when this claim no longer owns the run."""
+
+        def fenced() -> T:
+            from django.db import transaction
+
+            with transaction.atomic():
+                self.fence()
+                return effect()
+
+        return await self._db(fenced)
+
+    def _db(self, fn: Callable[[], Any]) -> Awaitable[Any]:
+        if self.db is None:
+            from asgiref.sync import sync_to_async
+
+            return sync_to_async(fn)()
+        return self.db(fn)
 
     def wait_until(self, when: datetime) -> None:
         """Wait until ``when`` (an aware datetime) without holding a worker.
@@ -193,19 +225,36 @@ class Tool:
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {errors}") from exc
 
+    @property
+    def is_async(self) -> bool:
+        """Whether the tool is an ``async def`` (run with ``arun`` on the event loop)."""
+        return inspect.iscoroutinefunction(self.fn)
+
     def run(self, ctx: ToolContext, arguments: dict[str, Any]) -> str:
-        """Execute the tool; return the result text published to the model.
+        """Execute a ``def`` tool (blocking); return the result text published to the model.
 
         Each attempt is counted and timed (``runtime_tool_*`` metrics) by outcome: ok, error
         (a ToolError, re-raised) or failure (any other exception, re-raised), and traced as an
         ``execute_tool NAME`` span (runtime.tracing).
         """
+        with self._observed(ctx):
+            value = self.fn(ctx, **arguments)
+        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+    async def arun(self, ctx: ToolContext, arguments: dict[str, Any]) -> str:
+        """Execute an ``async def`` tool; as ``run`` otherwise."""
+        with self._observed(ctx):
+            value = await self.fn(ctx, **arguments)
+        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+    @contextmanager
+    def _observed(self, ctx: ToolContext) -> Iterator[None]:
         started = time.perf_counter()
         outcome = "failure"
         policy = self.policy.value
         with tracing.tool_span(self.name, ctx.operation_id, ctx.attempt, policy) as span:
             try:
-                value = self.fn(ctx, **arguments)
+                yield
                 outcome = "ok"
             except ToolError:
                 outcome = "error"
@@ -214,30 +263,46 @@ class Tool:
                 metrics.tool_observed(self.name, policy, outcome, time.perf_counter() - started)
                 if outcome != "ok":
                     tracing.failed(span, outcome)
-        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
 def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
     *,
-    policy: RecoveryPolicy,
+    policy: RecoveryPolicy | None = None,
     permission: Permission = Permission.ALLOW,
     max_attempts: int = 1,
     lookup: Callable[[ToolContext], Any] | None = None,
     input_wait: InputWait | None = None,
     name: str | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]:
-    """Declare a tool from a function ``fn(ctx: ToolContext, **typed_arguments)``.
+    """Declare a tool from a function ``fn(ctx: ToolContext, **typed_arguments)``, a ``def``
+    (run on the worker's tool threads) or an ``async def`` (run on its event loop).
 
     The arguments' schema comes from the type hints after ``ctx``; the description from the
-    docstring. Extra arguments from the model are refused.
+    docstring. Extra arguments from the model are refused. Raises TypeError at definition
+    time, saying what to write, for ``@tool`` without a recovery policy and for a function
+    whose first parameter is not the context ``ctx``.
     """
+    if fn is not None or policy is None:
+        raise TypeError(
+            "@tool needs a recovery policy: write @tool(policy=RecoveryPolicy.REPLAY) for a "
+            "tool safe to run again, RecoveryPolicy.RECONNECT with lookup=... for one whose "
+            "downstream can be asked, or RecoveryPolicy.INDETERMINATE for one to reconcile"
+        )
+    pinned = policy
 
     def decorate(fn: Callable[..., Any]) -> Tool:
-        params = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
+        params = list(inspect.signature(fn, eval_str=True).parameters.values())
+        if not params or params[0].name != "ctx":
+            raise TypeError(
+                f"tool {fn.__name__!r}: its first parameter must be the context, written "
+                f"`def {fn.__name__}(ctx: ToolContext, ...)`; the model's arguments follow it"
+            )
         # Any: mypy checks a spread dict's values against every keyword (__config__, __base__)
         fields: dict[str, Any] = {
             p.name: (p.annotation, ... if p.default is inspect.Parameter.empty else p.default)
-            for p in params
+            for p in params[1:]
         }
         model = create_model(
             f"{fn.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields
@@ -247,7 +312,7 @@ def tool(
             description=inspect.cleandoc(fn.__doc__ or ""),
             fn=fn,
             arguments_model=model,
-            policy=policy,
+            policy=pinned,
             permission=permission,
             max_attempts=max_attempts,
             lookup=lookup,

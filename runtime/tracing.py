@@ -27,7 +27,7 @@ import functools
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -120,17 +120,26 @@ def run_context(run_id: str) -> Any:
     return trace.set_span_in_context(NonRecordingSpan(root))
 
 
+def enabled() -> bool:
+    """Whether spans are recorded (a tracer is configured)."""
+    return _tracer() is not None
+
+
+def mark_traced(run_id: str) -> None:
+    """Record the run's trace id on the run (an operational column, like the lease) the first
+    time it is traced (blocking)."""
+    from runtime.models import Run
+
+    Run.objects.filter(id=run_id, trace_id="").update(trace_id=trace_id_of(run_id))
+
+
 @contextmanager
 def driving(run_id: str, worker_id: str) -> Iterator[None]:
-    """A ``run.drive`` span in the run's trace around one claim; records the trace id on
-    the run (an operational column, like the lease) the first time it is traced."""
+    """A ``run.drive`` span in the run's trace around one claim (see ``mark_traced``)."""
     tracer = _tracer()
     if tracer is None:
         yield
         return
-    from runtime.models import Run
-
-    Run.objects.filter(id=run_id, trace_id="").update(trace_id=trace_id_of(run_id))
     attributes = {"runtime.run_id": run_id, "runtime.worker_id": worker_id}
     with tracer.start_as_current_span(
         "run.drive", context=run_context(run_id), attributes=attributes
@@ -155,17 +164,17 @@ def _action_span(action: Any) -> tuple[str, dict[str, Any]]:
     return names.get(kind, kind), attributes
 
 
-def traced_action[**P, T](fn: Callable[P, T]) -> Callable[P, T]:
-    """Decorate the loop's ``act(self, agent, action)``: one span per action taken."""
+def traced_action[**P, T](fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Decorate the loop's ``async act(self, agent, action)``: one span per action taken."""
 
     @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         tracer = _tracer()
         if tracer is None:
-            return fn(*args, **kwargs)
+            return await fn(*args, **kwargs)
         name, attributes = _action_span(args[-1] if args else kwargs.get("action"))
         with tracer.start_as_current_span(name, attributes=attributes):
-            return fn(*args, **kwargs)
+            return await fn(*args, **kwargs)
 
     return wrapper
 

@@ -1,14 +1,19 @@
 """The worker: claims runnable Runs under a lease, drives them, and wakes promptly.
 
+One event loop drives up to ``max_inflight`` runs at once, each a coroutine (runtime.loop): a
+run waiting on its model, an ``async def`` tool, MCP, a pause or a retry holds no thread and no
+database connection. The worker's statements run on ``RUNTIME_WORKER_DB_CONNECTIONS`` database
+threads and its ``def`` tools on ``RUNTIME_WORKER_TOOL_THREADS`` tool threads, each thread
+keeping one connection: the connections a worker holds do not grow with the runs it has in
+flight (DESIGN.md "Waiting costs nothing").
+
 A claim is one statement: ``WITH picked AS (SELECT ... FOR UPDATE SKIP LOCKED) UPDATE ...
 RETURNING`` on PostgreSQL (the IMMEDIATE write lock on SQLite) that bumps the lease epoch of
-up to one run per loop waiting for work and returns everything the driver needs (the committed
-RunView, the thread's version and messages, the run's metadata), so a claimed run is driven
-without another read. Runs claimed for loops of the worker that were waiting are handed to
-them (the heartbeat renews their leases meanwhile; a stop releases them). Every commit of the
-owner is fenced on (owner, epoch), so a stale owner whose lease expired can write nothing
-more. Leases are stamped and judged on the database's clock. One heartbeat thread per worker
-renews all the leases it holds in one statement.
+up to ``CLAIM_BATCH`` runs and returns everything their drivers need (the committed RunView,
+the thread's version and messages, the run's metadata), so a claimed run is driven without
+another read. Every commit of the owner is fenced on (owner, epoch), so a stale owner whose
+lease expired can write nothing more. Leases are stamped and judged on the database's clock.
+One heartbeat renews all the leases the worker holds in one statement.
 
 Poison: a run whose driving raised ``RUNTIME_POISON_CLAIMS`` times without a commit ends as
 Ended(indeterminate). A claim lost with its worker (the process died) does not point at the
@@ -18,34 +23,42 @@ recovery-attempt limit), which still ends a run that keeps killing every worker.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
 import socket
 import threading
 import time
-from collections import deque
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, connections, transaction
+from asgiref.sync import async_to_sync
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
+from psycopg_pool import PoolTimeout
 
 from runtime import codec, conf, logs, metrics, registry, timers
 from runtime.coordinator import WAKE_CHANNEL, Lease
-from runtime.db import db_later, db_now, keep_usable, reserve_connections
+from runtime.db import db_later, db_now, keep_usable, reserve_connections, size_pool
 from runtime.domain.model import EndCause, RunState
 from runtime.errors import LeaseLost
-from runtime.loop import Frontier, ToolThread, drive
+from runtime.loop import Frontier, Services, ThreadPool, drive
 from runtime.loop.driver import MESSAGE_COLUMNS, committed_message
 from runtime.models import MessageRecord, Run, Thread
 from runtime.operations import end_run
+from runtime.providers import Providers
 from runtime.signals import commit_announced
 
 log = logging.getLogger("runtime.worker")
 
 TIMER_CHECK_SECONDS = 1.0  # a worker looks for due timers at most this often
+DEFAULT_MAX_INFLIGHT = 100  # runs one worker drives at once (runtime_worker --max-inflight)
+CLAIM_BATCH = 100  # runs claimed in one statement at most (several workers share a burst)
+SERVING: weakref.WeakSet[Worker] = weakref.WeakSet()  # the workers serving in this process
 
 
 def default_worker_id() -> str:
@@ -163,162 +176,326 @@ def release(lease: Lease, run_id: str, *, failed: bool = False) -> None:
     ).update(**fields)
 
 
-class Heartbeat(threading.Thread):
-    """Renews every lease this worker holds, every RUNTIME_HEARTBEAT_SECONDS, in one statement.
+def trouble(exc: BaseException) -> tuple[str, str] | None:
+    """What a failure says of the worker's ability to work: ("pool_exhausted" or
+    "database_unreachable", one line), or None when it is not a connection problem (a run's
+    or the code's own)."""
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return None
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    if isinstance(exc.__cause__, PoolTimeout) or "too many clients" in line:
+        return "pool_exhausted", f"no database connection to be had: {line}"
+    if isinstance(exc, InterfaceError) or connection_lost(exc):
+        return "database_unreachable", f"the database cannot be reached: {line}"
+    return None
 
-    A lease that could not be renewed is marked released: the run left Running behind the
-    owner's back (an operator's cancel) or another worker took it over; its driver then stops
-    at once, abandoning a call in flight.
-    """
 
-    def __init__(self) -> None:
-        super().__init__(name="heartbeat", daemon=True)
-        self.held: dict[str, Lease] = {}
-        self.released: set[str] = set()
-        self.lock = threading.Lock()
-        self.done = threading.Event()
+def connection_lost(exc: OperationalError) -> bool:
+    """Whether ``exc`` means the connection failed or broke (not a statement's own error)."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+    return sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03") or not sqlstate
 
-    def hold(self, run_id: str, lease: Lease) -> None:
-        with self.lock:
-            self.held[run_id] = lease
-            self.released.discard(run_id)
 
-    def drop(self, run_id: str) -> None:
-        with self.lock:
-            self.held.pop(run_id, None)
-            self.released.discard(run_id)
+def renew(held: dict[str, Lease]) -> set[str]:
+    """Renew every lease in ``held`` (run id -> lease) in one statement; return the ids whose
+    lease was renewed. A run missing from the answer left Running behind its owner's back (an
+    operator's cancel) or was taken over by another worker."""
+    if not held:
+        return set()
+    owned = Q()
+    for run_id, lease in held.items():
+        owned |= Q(id=run_id, lease_owner=lease.worker_id, lease_epoch=lease.epoch)
+    mine = Run.objects.filter(owned, state="running")
+    mine.update(lease_expires_at=db_later(conf.lease_ttl()))
+    return set(mine.values_list("id", flat=True))
 
-    def is_released(self, run_id: str) -> bool:
-        return run_id in self.released
 
-    def run(self) -> None:
-        try:
-            while not self.done.wait(conf.heartbeat_seconds()):
-                try:
-                    self.beat()
-                except Exception:  # a DB blip: the next beat reconnects (keep_usable)
-                    log.exception("heartbeat failed; retrying at the next beat")
-        finally:
-            connection.close()
+def problems() -> list[str]:
+    """Why each worker serving in this process cannot work now (empty while they all can):
+    the in-process worker's part of ``/readyz``."""
+    return [f"{w.worker_id}: {w.problem[1]}" for w in list(SERVING) if w.problem]
 
-    def beat(self) -> None:
-        with self.lock:
-            held = dict(self.held)
-        if not held:
-            return
-        keep_usable()
-        owned = Q()
-        for run_id, lease in held.items():
-            owned |= Q(id=run_id, lease_owner=lease.worker_id, lease_epoch=lease.epoch)
-        mine = Run.objects.filter(owned, state="running")
-        mine.update(lease_expires_at=db_later(conf.lease_ttl()))
-        renewed = set(mine.values_list("id", flat=True))
-        with self.lock:
-            for run_id in held.keys() - renewed:
-                if run_id in self.held:
-                    log.warning("run %s: lease lost or run ended by another writer", run_id)
-                    self.released.add(run_id)
+
+@dataclass(slots=True)
+class Held:
+    """A run this worker drives: its lease, and the events that stop its driver (``halt``:
+    the worker stops; both: the run was released)."""
+
+    lease: Lease
+    halt: asyncio.Event
+    release: asyncio.Event
 
 
 class Worker:
-    """Runs ``concurrency`` claim-and-drive loops until stopped (or idle, with until_idle).
+    """Drives up to ``max_inflight`` runs at once until stopped (or idle, with until_idle).
 
-    ``stop()`` asks every loop to finish its current boundary and return; ``run()`` returns
-    once they have.
+    ``run()`` serves on an event loop of its own in the calling thread and returns once
+    stopped (``shares_process``: the process also serves requests, whose connections the
+    worker's pool keeps room for); ``stop()`` (from any thread, or a signal handler) asks
+    every driver to finish its current boundary. ``step()`` claims and drives one run on the
+    calling thread instead.
     """
 
     def __init__(
-        self, *, worker_id: str | None = None, concurrency: int = 1, until_idle: bool = False
+        self,
+        *,
+        worker_id: str | None = None,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
+        until_idle: bool = False,
+        shares_process: bool = False,
     ) -> None:
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be at least 1, got {max_inflight}")
         self.worker_id = worker_id or default_worker_id()
-        self.concurrency = concurrency
+        self.max_inflight = max_inflight
         self.until_idle = until_idle
+        self.shares_process = shares_process  # with a server's requests (runtime_serve)
         self.stopping = threading.Event()
-        self.wake = threading.Event()
-        self.heartbeat = Heartbeat()
-        self.lock = threading.Lock()
-        self.claimed: deque[Claim] = deque()  # claimed in a batch, not yet taken by a loop
-        self.waiting = 0  # loops waiting for work: the next batch claims for them too
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.wake = asyncio.Event()
+        self.held: dict[str, Held] = {}
+        self.drivers: set[asyncio.Task[None]] = set()
         self.timers_checked = 0.0  # time.monotonic() of the last look for due timers
+        self.problem: tuple[str, str] | None = None  # (reason, line) while it cannot work
+        self.reported: tuple[str, str] | None = None  # what its registry row says
 
-    # -- signals of new work --------------------------------------------------------------
+    # -- signals of new work and of the stop ----------------------------------------------
+
+    def stop(self) -> None:
+        """Stop after the current boundaries (thread-safe; also from a signal handler)."""
+        self.stopping.set()
+        self._call_soon(self._halt_all)
+
+    def _call_soon(self, fn: Any) -> None:
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(fn)
+
+    def _halt_all(self) -> None:
+        for held in self.held.values():
+            held.halt.set()
+        self.wake.set()
 
     def _on_commit(self, sender, notice, **kwargs) -> None:
         if notice.runnable:
-            self.wake.set()
+            self._call_soon(self.wake.set)
 
-    def _listen_postgres(self) -> None:
-        """Wake on NOTIFY from any process's commit (PostgreSQL only)."""
+    async def _listen_postgres(self) -> None:
+        """Wake on NOTIFY from any process's commit (PostgreSQL only); reconnect after a
+        failure, polling meanwhile."""
         import psycopg
 
         params = connection.get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
-        try:
-            with psycopg.connect(**params, autocommit=True) as listener:
-                listener.execute(f"LISTEN {WAKE_CHANNEL}")
-                while not self.stopping.is_set():
-                    for _ in listener.notifies(timeout=1.0, stop_after=1):
+        while not self.stopping.is_set():
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    **params, autocommit=True
+                ) as listener:
+                    await listener.execute(f"LISTEN {WAKE_CHANNEL}")
+                    async for _ in listener.notifies():
                         self.wake.set()
-        except Exception:
-            log.warning("LISTEN failed; falling back to polling", exc_info=True)
+            except Exception:
+                log.warning("LISTEN failed; polling until it reconnects", exc_info=True)
+                await asyncio.sleep(conf.heartbeat_seconds())
 
-    # -- the loops --------------------------------------------------------------------------
+    # -- serving ----------------------------------------------------------------------------
 
-    def step(self, tools: ToolThread | None = None) -> bool:
-        """Claim one runnable run and drive it; return whether there was work.
+    def run(self) -> None:
+        """Serve until stopped, or until idle with ``until_idle``; blocks the caller."""
+        asyncio.run(self.serve())
 
-        ``tools`` is the loop's tool thread (one per loop, so tool calls reuse a connection).
-        Due timers are looked for at most every TIMER_CHECK_SECONDS, busy or idle, so they
-        cost the busy path (and idle workers woken together) almost no round trips.
-        """
-        keep_usable()
-        taken = self.take()
-        # Looking for due timers costs one statement, so a worker looks at most once a
-        # second; one about to exit when idle looks first (a due timer makes its run runnable).
-        fired = self._fire_timers(now=taken is None and self.until_idle)
-        if taken is None:
-            return fired > 0
-        log.info("run %s: claimed (epoch %s)", taken.run_id, taken.lease.epoch)
-        if self._poisoned(taken):
-            return True
-        self._drive(taken, tools)
-        return True
+    async def serve(self) -> None:
+        logs.bind(worker_id=self.worker_id)  # the drivers' tasks inherit it
+        SERVING.add(self)
+        self.loop = asyncio.get_running_loop()
+        self.wake = asyncio.Event()
+        db = ThreadPool(conf.worker_db_connections(), "db")
+        tools = ThreadPool(conf.worker_tool_threads(), "tools")
+        # Each of those threads keeps a connection for its whole life: the pool holds as many
+        # (more for the requests of a server that the worker runs in).
+        if self.shares_process:
+            reserve_connections(db.size + tools.size)
+        else:
+            size_pool(db.size + tools.size)
+        services = Services(db=db.run, tools=tools, providers=Providers())
+        commit_announced.connect(self._on_commit, weak=False, dispatch_uid=id(self))
+        # Registered before the worker claims anything, so a held run always names a known
+        # worker.
+        await self._registry(services, registry.register, self.worker_id, self.max_inflight)
+        await self._registry(services, registry.forget_expired)
+        background = [asyncio.ensure_future(self._heartbeat(services))]
+        if connection.vendor == "postgresql":
+            background.append(asyncio.ensure_future(self._listen_postgres()))
+        try:
+            await self._claim_loop(services)
+        finally:
+            self._halt_all()
+            await asyncio.gather(*self.drivers, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            commit_announced.disconnect(dispatch_uid=id(self))
+            # A stopping worker is not held up by a busy database: unrecorded, it turns
+            # stale instead of stopped.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._registry(services, registry.stopped, self.worker_id), 2
+                )
+            await services.providers.close()
+            db.close()
+            tools.close()
+            SERVING.discard(self)
 
-    def _fire_timers(self, *, now: bool = False) -> int:
+    async def _claim_loop(self, services: Services) -> None:
+        while not self.stopping.is_set():
+            self.wake.clear()  # before the claim: a wake meanwhile is kept for the wait below
+            try:
+                taken = await self._claim(services)
+                self.observe(None)
+                fired = await self._fire_timers(services, now=not taken and self.until_idle)
+                if taken or fired:
+                    continue
+                if self.until_idle and not self.drivers and await services.db(self.idle):
+                    return
+            except Exception as exc:  # a DB blip in a claim or a timer: the loop lives on
+                if not self.observe(exc):
+                    log.exception("worker loop: a claim failed; trying again")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), conf.idle_poll_seconds())
+
+    async def _claim(self, services: Services) -> bool:
+        """Claim runs for the free slots and start their drivers; True when the batch was
+        full (more may be runnable)."""
+        free = min(self.max_inflight - len(self.drivers), CLAIM_BATCH)
+        if free <= 0:
+            return False
+        taken = await services.db(claim_many, self.worker_id, free)
+        for claimed in taken:
+            log.info("run %s: claimed (epoch %s)", claimed.run_id, claimed.lease.epoch)
+            task = asyncio.ensure_future(self._drive(claimed, services))
+            self.drivers.add(task)
+            task.add_done_callback(self._driven)
+        metrics.INFLIGHT.set(len(self.drivers))
+        return len(taken) == free
+
+    def _driven(self, task: asyncio.Task[None]) -> None:
+        full = len(self.drivers) >= self.max_inflight
+        self.drivers.discard(task)
+        metrics.INFLIGHT.set(len(self.drivers))
+        if full or not self.drivers:  # a slot to claim for, or maybe idle
+            self.wake.set()
+
+    async def _fire_timers(self, services: Services, *, now: bool = False) -> int:
         """Fire due timers if TIMER_CHECK_SECONDS passed since the last look (or ``now``);
         return how many fired."""
         if not now and time.monotonic() < self.timers_checked + TIMER_CHECK_SECONDS:
             return 0
         self.timers_checked = time.monotonic()
-        return timers.fire_due()
+        return int(await services.db(timers.fire_due))
 
-    def take(self) -> Claim | None:
-        """The next claim for this loop: one claimed for it earlier, else a new batch claimed
-        in one statement for it and for every loop of this worker waiting for work."""
-        with self.lock:
-            if self.claimed:
-                return self.claimed.popleft()
-            wanted = 1 + self.waiting
-        taken = claim_many(self.worker_id, wanted)
-        if len(taken) > 1:
-            for extra in taken[1:]:  # leased now: renewed until a loop drives it
-                self.heartbeat.hold(extra.run_id, extra.lease)
-            with self.lock:
-                self.claimed.extend(taken[1:])
-            self.wake.set()
-        return taken[0] if taken else None
+    async def _heartbeat(self, services: Services) -> None:
+        """Every RUNTIME_HEARTBEAT_SECONDS: renew the held leases (releasing the drivers of
+        runs whose lease could not be renewed) and the worker's registry row."""
+        forgot_at = time.monotonic()  # serve() forgot just now
+        while True:
+            await asyncio.sleep(conf.heartbeat_seconds())
+            held = {run_id: h.lease for run_id, h in self.held.items()}
+            try:
+                renewed = await services.db(renew, held)
+            except Exception as exc:  # a DB blip: the next beat tries again
+                if not self.observe(exc):
+                    log.exception("heartbeat failed; retrying at the next beat")
+            else:
+                self.observe(None)
+                for run_id in held.keys() - renewed:
+                    if (lost := self.held.get(run_id)) is not None:
+                        log.warning("run %s: lease lost or run ended by another writer", run_id)
+                        lost.release.set()
+                        lost.halt.set()
+            await self._registry(services, registry.heartbeat, self.worker_id)
+            if self.reported != self.problem:  # written once a connection allows
+                reason = self.problem[1] if self.problem else ""
+                if await self._registry(services, registry.report, self.worker_id, reason):
+                    self.reported = self.problem
+            if time.monotonic() >= forgot_at + registry.FORGET_EVERY_SECONDS:
+                forgot_at = time.monotonic()
+                await self._registry(services, registry.forget_expired)
 
-    def give_back(self) -> None:
-        """Release the runs claimed for loops that never took them (the worker stops)."""
-        with self.lock:
-            left, self.claimed = list(self.claimed), deque()
-        for taken in left:
-            self.heartbeat.drop(taken.run_id)
-            release(taken.lease, taken.run_id)
+    async def _registry(self, services: Services, write: Any, *args: Any) -> bool:
+        """Write to the worker's registry row; False when it failed (logged, never raised:
+        the registry is for operators, it never stops a worker)."""
+        try:
+            await services.db(write, *args)
+        except Exception as exc:
+            if not self.observe(exc):
+                log.warning("worker %s: registry write failed", self.worker_id, exc_info=True)
+            return False
+        return True
+
+    def observe(self, failure: BaseException | None) -> bool:
+        """Note that the database worked (None) or what ``failure`` says of it; True when
+        ``failure`` is a connection problem. A change of state is one log line, a metric, and
+        (at the next heartbeat a connection allows) the registry row's ``problem``."""
+        if failure is None:
+            found = None
+        elif (found := trouble(failure)) is None:
+            return False
+        if (found and found[0]) != (self.problem and self.problem[0]):
+            if found:
+                log.error("worker %s cannot work: %s", self.worker_id, found[1])
+            else:
+                log.warning("worker %s works again", self.worker_id)
+            metrics.worker_problem(found[0] if found else "")
+        self.problem = found
+        return found is not None
+
+    # -- one run ----------------------------------------------------------------------------
+
+    async def _drive(self, taken: Claim, services: Services) -> None:
+        run_id = taken.run_id
+        try:
+            if await services.db(self._poisoned, taken):
+                return
+        except Exception:
+            log.exception("run %s: the poison check failed; the run is left to recovery", run_id)
+            return
+        held = Held(taken.lease, asyncio.Event(), asyncio.Event())
+        if self.stopping.is_set():
+            held.halt.set()
+        self.held[run_id] = held
+        failed, left = False, None
+        try:
+            left = await drive(
+                run_id,
+                lease=taken.lease,
+                services=services,
+                halt=held.halt,
+                release=held.release,
+                frontier=taken.frontier,
+            )
+        except LeaseLost:
+            log.warning("run %s: fenced; another worker owns it now", run_id)
+        except Exception as exc:  # counted by the poison budget: the next claim starts over
+            if self.observe(exc):  # the database's trouble, not the run's: not counted
+                log.warning("run %s: left to recovery: %s", run_id, exc)
+            else:
+                log.exception("run %s: driving failed; the run is left to recovery", run_id)
+                failed = True
+        finally:
+            self.held.pop(run_id, None)
+        # An ended or awaiting run gave its lease up in its last commit; only a run left
+        # Running (a stop, a failure) is released here.
+        if left is None or left.state is RunState.RUNNING:
+            try:
+                await services.db(release, taken.lease, run_id, failed=failed)
+            except Exception:  # the lease expires by itself
+                log.warning("run %s: releasing its lease failed", run_id, exc_info=True)
 
     def _poisoned(self, taken: Claim) -> bool:
-        """End the run as Ended(indeterminate) when it is past its poison budget."""
+        """End the run as Ended(indeterminate) when it is past its poison budget (blocking)."""
         deaths = taken.claims - 1 - taken.failures  # earlier claims lost with their worker
         if taken.failures >= conf.poison_claims():
             reason = f"driving the run failed {taken.failures} times without a commit"
@@ -333,89 +510,34 @@ class Worker:
         )
         return True
 
-    def _drive(self, taken: Claim, tools: ToolThread | None) -> None:
-        run_id = taken.run_id
-        self.heartbeat.hold(run_id, taken.lease)
-        failed, left = False, None
-        try:
-            left = drive(
-                run_id,
-                lease=taken.lease,
-                should_stop=lambda: self.stopping.is_set() or self.heartbeat.is_released(run_id),
-                released=lambda: self.heartbeat.is_released(run_id),
-                tools=tools,
-                frontier=taken.frontier,
-            )
-        except LeaseLost:
-            log.warning("run %s: fenced; another worker owns it now", run_id)
-        except Exception:  # counted by the poison budget: the next claim starts over
-            log.exception("run %s: driving failed; the run is left to recovery", run_id)
-            failed = True
-        finally:
-            self.heartbeat.drop(run_id)
-        # An ended or awaiting run gave its lease up in its last commit; only a run left
-        # Running (a stop, a failure) is released here.
-        if left is None or left.state is RunState.RUNNING:
-            release(taken.lease, run_id, failed=failed)
-
     def idle(self) -> bool:
         """True when no run is Running at all (Awaiting and Ended runs need no worker)."""
         return not Run.objects.filter(state="running").exists()
 
-    def loop(self) -> None:
-        logs.bind(worker_id=self.worker_id)
-        tools = ToolThread()
-        try:
-            while not self.stopping.is_set():
-                try:
-                    if self.step(tools):
-                        continue
-                    if self.until_idle and self.idle():
-                        return
-                except Exception:  # a DB blip in a claim or a poison end: the loop lives on
-                    log.exception("worker loop: a step failed; trying again")
-                    keep_usable()
-                    self.stopping.wait(conf.idle_poll_seconds())
-                    continue
-                with self.lock:
-                    self.waiting += 1
-                try:
-                    self.wake.wait(conf.idle_poll_seconds())
-                    self.wake.clear()
-                finally:
-                    with self.lock:
-                        self.waiting -= 1
-        finally:
-            self.give_back()
-            tools.close()
-            connections.close_all()
+    # -- the synchronous entry ---------------------------------------------------------------
 
-    def run(self) -> None:
-        """Run the loops in threads until stopped, or until idle with ``until_idle``."""
-        # Each loop and its tool thread (one more while an abandoned call finishes), the
-        # heartbeat, the registry and this thread keep a connection for their whole life.
-        reserve_connections(3 * self.concurrency + 3)
-        commit_announced.connect(self._on_commit, weak=False, dispatch_uid=id(self))
-        registration = registry.start(self.worker_id, self.concurrency)
-        if connection.vendor == "postgresql":
-            threading.Thread(target=self._listen_postgres, name="listen", daemon=True).start()
-        self.heartbeat.start()
-        threads = [
-            threading.Thread(target=self.loop, name=f"worker-{i}", daemon=True)
-            for i in range(self.concurrency)
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(0.2)
-        finally:
-            self.stopping.set()
-            self.heartbeat.done.set()
-            commit_announced.disconnect(dispatch_uid=id(self))
-            registration.stop()
+    def step(self, tools: ThreadPool | None = None) -> bool:
+        """Claim one runnable run and drive it on the calling thread (its statements inside
+        the caller's transaction); return whether there was work (a claim or a fired timer).
 
-    def stop(self) -> None:
-        self.stopping.set()
-        self.wake.set()
+        ``tools`` runs ``def`` tools (a pool of one thread made for this call when None).
+        Due timers are looked for at most every TIMER_CHECK_SECONDS, or at once when idle with
+        ``until_idle``.
+        """
+        keep_usable()
+        taken = claim(self.worker_id)
+        pool = tools or ThreadPool(1, "tools")
+        services = Services.inline(pool)
+        try:
+            fired = async_to_sync(self._fire_timers)(
+                services, now=taken is None and self.until_idle
+            )
+            if taken is None:
+                return fired > 0
+            log.info("run %s: claimed (epoch %s)", taken.run_id, taken.lease.epoch)
+            async_to_sync(self._drive)(taken, services)
+            return True
+        finally:
+            async_to_sync(services.providers.close)()
+            if tools is None:
+                pool.close()

@@ -161,6 +161,25 @@ def _label(worker: str) -> str:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Say which test database and which Redis database each worker process uses."""
+    return _what_the_run_uses(config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Say the header's lines when ``-q`` hides the header (the README promises them as the
+    first lines of any run); ``--no-header`` asks for none."""
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or hasattr(config, "workerinput") or config.getoption("no_header"):
+        return
+    if reporter.showheader:  # the header says them
+        return
+    for line in _what_the_run_uses(config):
+        reporter.write_line(line)
+
+
+def _what_the_run_uses(config: pytest.Config) -> list[str]:
+    """The lines naming the test database and the Redis database of each worker process."""
     from django.conf import settings
 
     workers = _workers(config)
@@ -228,7 +247,8 @@ def make_thread():
 def make_run(make_thread):
     """Return ``make(thread_id=None, *, run_id=None, **activate_kwargs) -> RunView``: a run
     activated through the commit coordinator (on a new thread unless ``thread_id``)."""
-    from runtime.coordinator import commit, read_head
+    from runtime.commits import commit
+    from runtime.coordinator import read_head
     from tests.domain import drafts
 
     def make(thread_id: str | None = None, *, run_id: str | None = None, **kwargs):
@@ -257,7 +277,8 @@ def make_calls():
 def drive():
     """Return ``drive(build, run_id, *args, **kwargs) -> Committed``: build a commit with a
     tests.domain.drafts builder from the run's committed state and head, and write it."""
-    from runtime.coordinator import commit, read_head, read_run
+    from runtime.commits import commit
+    from runtime.coordinator import read_head, read_run
 
     def apply(build, run_id: str, *args, **kwargs):
         run = read_run(run_id)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from console.settings import (
@@ -20,6 +21,8 @@ from console.settings import (
     env_mcp_servers,
     env_number,
 )
+from runtime.checks import heartbeat_within_lease
+from runtime.conf import heartbeat_problem
 
 VAR = "RUNTIME_TEST_SETTINGS_VAR"
 
@@ -333,12 +336,48 @@ def test_an_agent_that_cannot_load_fails_the_check(tmp_path, env, said):
     assert "Traceback" not in done.stderr
 
 
-def test_a_heartbeat_as_long_as_the_lease_draws_a_warning(tmp_path):
+@pytest.mark.parametrize("command", [("check",), ("runtime_worker", "--until-idle")])
+@pytest.mark.parametrize(("heartbeat", "lease"), [("10", "10"), ("20", "10"), ("4", "10")])
+def test_a_heartbeat_over_a_third_of_the_lease_is_refused(tmp_path, command, heartbeat, lease):
+    """Issue 21 item 10: such a worker's live runs were taken over by a second worker."""
     done = manage_py(
-        "check",
+        *command,
         RUNTIME_VAR_DIR=str(tmp_path),
-        RUNTIME_LEASE_SECONDS="10",
-        RUNTIME_HEARTBEAT_SECONDS="10",
+        RUNTIME_LEASE_SECONDS=lease,
+        RUNTIME_HEARTBEAT_SECONDS=heartbeat,
+    )
+    assert done.returncode == 1, done
+    assert done.stderr.startswith(
+        f"error: RUNTIME_HEARTBEAT_SECONDS ({heartbeat}) must be at most a third of"
+        f" RUNTIME_LEASE_SECONDS ({lease})"
+    ), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize(("heartbeat", "lease"), [(5, 15), (0.3, 1), (0.1, 0.3), (10, 30)])
+def test_a_heartbeat_of_at_most_a_third_of_the_lease_is_accepted(heartbeat, lease):
+    assert heartbeat_problem(heartbeat, lease) is None
+
+
+def test_the_heartbeat_follows_a_lease_set_alone(tmp_path):
+    """Setting only the lease keeps the rule: the heartbeat defaults to a third of it."""
+    done = manage_py(
+        "shell",
+        "-c",
+        "from runtime import conf; print(conf.heartbeat_seconds())",
+        RUNTIME_VAR_DIR=str(tmp_path),
+        RUNTIME_LEASE_SECONDS="6",
     )
     assert done.returncode == 0, done.stderr
-    assert "(runtime.W001) RUNTIME_HEARTBEAT_SECONDS (10) is not shorter than" in done.stderr
+    assert float(done.stdout.split()[-1]) == 2
+
+
+def test_the_check_refuses_what_another_settings_module_lets_through(settings):
+    """The runtime.E002 check holds the rule where this project's settings module is not the
+    one in use (an app installed elsewhere)."""
+    settings.RUNTIME_LEASE_SECONDS, settings.RUNTIME_HEARTBEAT_SECONDS = 9, 5
+    (error,) = heartbeat_within_lease()
+    assert error.id == "runtime.E002" and error.level == checks.ERROR
+    assert error.msg.startswith("RUNTIME_HEARTBEAT_SECONDS (5) must be at most a third of")
+    settings.RUNTIME_HEARTBEAT_SECONDS = 3
+    assert heartbeat_within_lease() == []

@@ -4,19 +4,20 @@ recovery policy, plus an approval-gated one, an input-asking one and a slow one,
 
 from __future__ import annotations
 
+import asyncio
 import os
-import time
 from typing import Annotated, Any
 
 from django.db import connection
 from django.utils import timezone
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from runtime import conf
 from runtime.agents import Agent, ProviderConfig
 from runtime.domain.model import Permission, RecoveryPolicy
 from runtime.models import LedgerEffect
-from runtime.tools import Fenced, InputWait, ToolContext, delegate, tool
+from runtime.tools import Fenced, InputWait, Tool, ToolContext, delegate, tool
 
 Key = Annotated[str, Field(min_length=1, max_length=200, description="what to record")]
 
@@ -77,25 +78,54 @@ def _input_ticket(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     return {"question": arguments["question"]}, arguments["answer_schema"]
 
 
-@tool(
-    policy=RecoveryPolicy.INDETERMINATE,
-    input_wait=InputWait(build=_input_ticket),
+NO_SCHEMA = (
+    "no input was asked: answer_schema is required, the JSON schema the person's answer must"
+    ' match (for free text: {"type": "string"})'
 )
-def ask_input(
-    ctx: ToolContext,
-    question: Annotated[str, Field(min_length=1, max_length=2000)],
-    answer_schema: Annotated[
-        dict[str, Any], Field(description="JSON schema of the expected answer")
-    ],
-) -> dict[str, Any]:
-    """Ask a person a question; the answer must match the given JSON schema."""
+
+
+class AskInputArguments(BaseModel):
+    """A question for a person and the JSON schema its answer must match (both required)."""
+
+    model_config = ConfigDict(extra="forbid")
+    question: Annotated[
+        str, Field(min_length=1, max_length=2000, description="what to ask the person")
+    ]
+    answer_schema: dict[str, Any] = Field(
+        description='the JSON schema the answer must match (for free text: {"type": "string"})'
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _asks_with_a_schema(cls, data: Any) -> Any:
+        """Refuse a call without answer_schema in words that say nothing was asked and what
+        to send instead (issue 21: pydantic's "Field required" left a new user guessing)."""
+        if isinstance(data, dict) and "answer_schema" not in data:
+            raise PydanticCustomError("missing", NO_SCHEMA)
+        return data
+
+
+def _answered_by_its_ticket(ctx: ToolContext, **arguments: Any) -> Any:
     raise AssertionError("ask_input is answered through its input ticket, never executed")
 
 
+# Built as a Tool, not with @tool, for its arguments model's own refusal (NO_SCHEMA). Without
+# answer_schema the call completes at once with that error result, which the model sees.
+ask_input = Tool(
+    name="ask_input",
+    description="Ask a person a question; the answer must match the given JSON schema.",
+    fn=_answered_by_its_ticket,
+    arguments_model=AskInputArguments,
+    policy=RecoveryPolicy.INDETERMINATE,
+    input_wait=InputWait(build=_input_ticket),
+)
+
+
 @tool(policy=RecoveryPolicy.REPLAY, max_attempts=3)
-def slow(ctx: ToolContext, seconds: Annotated[float, Field(ge=0, le=3600)]) -> dict[str, Any]:
-    """Wait the given number of seconds (replay-safe)."""
-    time.sleep(seconds)
+async def slow(ctx: ToolContext, seconds: Annotated[float, Field(ge=0, le=3600)]) -> dict[str, Any]:
+    """Wait the given number of seconds (replay-safe). An ``async def`` tool: while it waits
+    it holds no thread of the worker."""
+    await asyncio.sleep(seconds)
     return {"slept": seconds}
 
 

@@ -369,7 +369,7 @@ def check_operator_resume(run: RunView, command: ResumeCommand) -> None:
 
     Raises TicketNotAnswerable when ``command`` names an open delegation or timer ticket with a
     decision a person may not send (whatever kind it claims), then what ``check_resume``
-    raises. A child's end is delivered by the runtime (runtime.delegation) and is not checked
+    raises. A child's end is delivered by the runtime (runtime.commits) and is not checked
     here; a due timer fires through ``operations.resume`` with the approve a person may send.
     """
     open_ticket = run.ticket if run.ticket and run.ticket.id == command.ticket_id else None

@@ -10,8 +10,50 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.domain.model import Disposition, EndCause, RunView, ToolCall
+from runtime.domain.model import Disposition, EndCause, RunState, RunView, ToolCall
 from runtime.errors import DelegationRefused
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverToParent:
+    """Owed by a child Run's Ended commit: its terminus goes to the parent's delegate call."""
+
+    child: RunView
+
+
+@dataclass(frozen=True, slots=True)
+class CancelChild:
+    """Owed by a parent Run's Ended commit: its live child is cancelled."""
+
+    child_run_id: str
+    parent_run_id: str
+    cause: str  # the parent's end cause, named in the child's end
+
+
+FollowUp = DeliverToParent | CancelChild
+
+
+def follow_ups(before: RunView | None, run: RunView | None) -> tuple[FollowUp, ...]:
+    """What a commit that leaves ``run`` (from ``before``) owes other Runs, in the same
+    transaction (DESIGN.md, "Lower layers never call up"): the delivery of a child's terminus
+    to its parent, and the cancellation of a parent's live children. None unless the commit
+    ends the run."""
+    if run is None or run.state is not RunState.ENDED:
+        return ()
+    if before is not None and before.state is RunState.ENDED:
+        return ()
+    owed: list[FollowUp] = []
+    if run.parent_run_id is not None:
+        owed.append(DeliverToParent(run))
+    if before is not None:
+        cause = run.end_cause.value if run.end_cause else "ended"
+        owed.extend(
+            CancelChild(call.child_run_id, run.run_id, cause)
+            for batch in before.batches
+            for call in batch.calls
+            if call.detached and call.child_run_id
+        )
+    return tuple(owed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,14 +5,13 @@ its terminal result; and the pinned ToolRecoveryPolicy for a call found Executin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from runtime import delegation, timers
+from runtime import operations, timers
 from runtime.agents import Agent
 from runtime.crash import crash_point
 from runtime.domain import recovery as rec
@@ -20,14 +19,10 @@ from runtime.domain.events import CallCompleted, CallExecuting, CallIndeterminat
 from runtime.domain.model import Disposition, RecoveryPolicy, TicketKind, ToolCall
 from runtime.errors import LeaseLost
 from runtime.hooks import call_hooks
+from runtime.loop.boundary import Abandon, Boundary, first
 from runtime.tools import Fenced, Tool, ToolContext, ToolError, WaitRequested
 
-if TYPE_CHECKING:
-    from runtime.loop.driver import RunDriver
-
 log = logging.getLogger("runtime.loop")
-
-POLL_SECONDS = 0.05  # how often a driver waiting on a tool looks at its stop signals
 
 
 @dataclass
@@ -40,7 +35,7 @@ class Outcome:
     wait: WaitRequested | None = None  # the tool asked to wait for a time
 
 
-def context(d: RunDriver, call: ToolCall, attempt: int) -> ToolContext:
+def context(d: Boundary, call: ToolCall, attempt: int) -> ToolContext:
     return ToolContext(
         run_id=d.run_id,
         call_id=call.call_id,
@@ -49,11 +44,12 @@ def context(d: RunDriver, call: ToolCall, attempt: int) -> ToolContext:
         worker_id=d.worker_id,
         lease_epoch=d.lease.epoch,
         woken_at=call.woken_at,
+        db=d.services.db,
     )
 
 
-def execute(
-    d: RunDriver,
+async def execute(
+    d: Boundary,
     agent: Agent,
     call: ToolCall,
     attempt: int,
@@ -66,90 +62,103 @@ def execute(
     assert tool is not None  # a call without a tool never leaves Requested but by a block
     if arguments is None:
         arguments = tool.parse(call.arguments_text)
-    d.commit(
+    await d.commit(
         Disposition.running(),
         (CallExecuting(call_id=call.call_id, attempt=attempt, worker=d.worker_id),),
     )
     crash_point("executing_committed")
     if tool.delegate is not None:
-        delegate(d, call, tool, arguments)
+        await delegate(d, call, tool, arguments)
         return
-    outcome = run_tool(d, tool, context(d, call, attempt), arguments)
+    outcome = await run_tool(d, tool, context(d, call, attempt), arguments)
     crash_point("effect_applied")
     assert d.run is not None
     current = d.run.find_call(call.call_id)
     assert current is not None
     if outcome.wait is not None:
-        from runtime.loop import gate  # gate starts calls through this module
-
-        gate.wait(d, current, TicketKind.TIMER, timers.ticket_request(outcome.wait), None)
+        await d.park(current, TicketKind.TIMER, timers.ticket_request(outcome.wait), None)
     elif outcome.failure is None:
         assert outcome.result is not None
         finish(d, agent, current, outcome.result, outcome.is_error)
     else:  # unclassified: the pinned policy decides, as in recovery
-        recover(d, agent, current, cause=f"the tool failed: {outcome.failure}")
+        await recover(d, agent, current, cause=f"the tool failed: {outcome.failure}")
 
 
-def delegate(d: RunDriver, call: ToolCall, tool: Tool, arguments: dict[str, Any]) -> None:
-    """Start the Executing delegate call's child (see runtime.delegation); a child that cannot
-    start completes the call with the reason."""
+async def delegate(d: Boundary, call: ToolCall, tool: Tool, arguments: dict[str, Any]) -> None:
+    """Start the Executing delegate call's child (``operations.start_child``); a child that
+    cannot start completes the call with the reason."""
     assert d.run is not None
     current = d.run.find_call(call.call_id)
     assert current is not None
-    failed = delegation.start_child(d.run, current, tool, arguments, d.commit)
+    run = d.run
+    failed = await d.commit_around(
+        lambda commit_parent: operations.start_child(run, current, tool, arguments, commit_parent)
+    )
     if failed is not None:
         d.stage_result(
             CallCompleted(call_id=call.call_id, result=failed, is_error=True), current.attempt
         )
 
 
-def run_tool(d: RunDriver, tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> Outcome:
-    """Run the tool on the tool thread and wait for it.
+async def attempt(d: Boundary, tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> Outcome:
+    """One executor attempt: an ``async def`` tool on the loop, a ``def`` tool on a tool
+    thread. Raises Fenced; every other failure is an Outcome."""
+    try:
+        if tool.is_async:
+            result = await tool.arun(ctx, arguments)
+        else:
+            result = await d.services.tools.run(tool.run, ctx, arguments)
+        return Outcome(result=result)
+    except Fenced:
+        raise
+    except WaitRequested as wait:
+        return Outcome(wait=wait)
+    except ToolError as exc:
+        return Outcome(result=str(exc) or type(exc).__name__, is_error=True)
+    except Exception as exc:  # the tool's own bug or an unknown downstream failure
+        log.warning("tool %s raised", tool.name, exc_info=True)
+        return Outcome(failure=f"{type(exc).__name__}: {exc}")
+
+
+async def run_tool(d: Boundary, tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> Outcome:
+    """Run the tool and wait for it.
 
     The wait is abandoned when the run was ended or taken over meanwhile (the result, when it
     comes, is kept as late evidence), or when the worker stops during a replay-safe call (the
     next worker replays it); any other call in flight is waited for. Raises Abandon, or
     LeaseLost when the tool found itself fenced.
     """
-    from runtime.loop.driver import Abandon, record_late
-
-    def attempt() -> Outcome:
-        try:
-            return Outcome(result=tool.run(ctx, arguments))
-        except Fenced:
-            raise
-        except WaitRequested as wait:
-            return Outcome(wait=wait)
-        except ToolError as exc:
-            return Outcome(result=str(exc) or type(exc).__name__, is_error=True)
-        except Exception as exc:  # the tool's own bug or an unknown downstream failure
-            log.warning("tool %s raised", tool.name, exc_info=True)
-            return Outcome(failure=f"{type(exc).__name__}: {exc}")
-
-    def keep(future: Future[Outcome]) -> None:  # runs on the retiring tool thread
-        outcome = None if future.exception() else future.result()
-        if outcome is not None and outcome.result is not None:
-            event = CallCompleted(
-                call_id=ctx.call_id, result=outcome.result, is_error=outcome.is_error
-            )
-            record_late(ctx.call_id, ctx.attempt, event, d.worker_id)
-
-    future = d.tools.submit(attempt)
-    while True:
-        try:
-            return future.result(timeout=POLL_SECONDS)
-        except FutureTimeout:
-            released = d.released()
-            if released or (d.should_stop() and tool.policy is RecoveryPolicy.REPLAY):
-                d.tools.abandon()
-                if released:
-                    future.add_done_callback(keep)
-                raise Abandon() from None
-        except Fenced as exc:
-            raise LeaseLost(run_id=d.run_id, worker_id=d.worker_id, reason=str(exc)) from exc
+    running = asyncio.ensure_future(attempt(d, tool, ctx, arguments))
+    try:
+        if not await first(running, d.until_halted()) and not await _outlasts_stop(
+            d, tool, running
+        ):
+            if d.released():
+                running.add_done_callback(lambda done: _keep_late(d, ctx, done))
+            raise Abandon()
+        return running.result()
+    except Fenced as exc:
+        raise LeaseLost(run_id=d.run_id, worker_id=d.worker_id, reason=str(exc)) from exc
 
 
-def finish(d: RunDriver, agent: Agent, call: ToolCall, result: str, is_error: bool) -> None:
+async def _outlasts_stop(d: Boundary, tool: Tool, running: asyncio.Future[Outcome]) -> bool:
+    """The run halted while its tool runs: True once a call that must not be left to the next
+    worker has finished; False when it is given up (a replay-safe call on a stop, any call of
+    a released run)."""
+    if d.released() or tool.policy is RecoveryPolicy.REPLAY:
+        return False
+    return await first(running, d.until_released())
+
+
+def _keep_late(d: Boundary, ctx: ToolContext, done: asyncio.Future[Outcome]) -> None:
+    """Keep the result of an abandoned attempt, when it comes, as late evidence."""
+    outcome = None if done.cancelled() or done.exception() else done.result()
+    if outcome is not None and outcome.result is not None:
+        event = CallCompleted(call_id=ctx.call_id, result=outcome.result, is_error=outcome.is_error)
+        asyncio.ensure_future(d.late(ctx.call_id, ctx.attempt, event))
+
+
+def finish(d: Boundary, agent: Agent, call: ToolCall, result: str, is_error: bool) -> None:
     """Stage the terminal result (after AfterTool hooks) for the next commit."""
     assert d.run is not None
     for answer in call_hooks(agent.plugins, "after_tool", d.run, call, result, is_error):
@@ -160,17 +169,29 @@ def finish(d: RunDriver, agent: Agent, call: ToolCall, result: str, is_error: bo
     )
 
 
-def recover(d: RunDriver, agent: Agent, call: ToolCall, cause: str | None = None) -> None:
+async def lookup(d: Boundary, tool: Tool, ctx: ToolContext) -> Any:
+    """Ask the downstream about ``ctx.operation_id`` (a reconnect tool's ``lookup``)."""
+    assert tool.lookup is not None
+    if asyncio.iscoroutinefunction(tool.lookup):
+        return await tool.lookup(ctx)
+    return await d.services.tools.run(tool.lookup, ctx)
+
+
+async def recover(d: Boundary, agent: Agent, call: ToolCall, cause: str | None = None) -> None:
     """An Executing call without a result (found on a claim, or its attempt failed
     unclassified): the call's pinned ToolRecoveryPolicy decides."""
     decision = rec.executing_decision(call)
     tool = agent.tool_for(call)
     if tool is not None and tool.delegate is not None:  # idempotent by operation id
-        delegate(d, call, tool, tool.parse(call.arguments_text))
+        await delegate(d, call, tool, tool.parse(call.arguments_text))
         return
     if isinstance(decision, rec.Lookup):
         try:
-            found = tool.lookup(context(d, call, call.attempt)) if tool and tool.lookup else None
+            found = (
+                await lookup(d, tool, context(d, call, call.attempt))
+                if tool and tool.lookup
+                else None
+            )
         except Fenced as exc:
             raise LeaseLost(run_id=d.run_id, worker_id=d.worker_id, reason=str(exc)) from exc
         except Exception as exc:  # an MCP error result, a lost server, the lookup's own bug
@@ -186,8 +207,10 @@ def recover(d: RunDriver, agent: Agent, call: ToolCall, cause: str | None = None
                 return
             decision = rec.executing_decision(call, looked_up=True)
     if isinstance(decision, rec.Retry):
-        execute(d, agent, call, decision.attempt)
+        await execute(d, agent, call, decision.attempt)
     else:
         assert isinstance(decision, rec.Seal)
         reason = f"{cause}; {decision.reason}" if cause else decision.reason
-        d.commit(Disposition.running(), (CallIndeterminate(call_id=call.call_id, reason=reason),))
+        await d.commit(
+            Disposition.running(), (CallIndeterminate(call_id=call.call_id, reason=reason),)
+        )

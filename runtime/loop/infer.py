@@ -7,11 +7,12 @@ commit the assistant message with the whole batch as Requested before anything e
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.utils import timezone
 
@@ -30,32 +31,32 @@ from runtime.domain.model import (
 )
 from runtime.errors import ScriptRefused
 from runtime.hooks import call_hooks
+from runtime.loop.boundary import Abandon, Boundary, first
 from runtime.models import StreamCheckpoint
-from runtime.providers import build_provider
 from runtime.providers.base import (
     Delta,
     InferenceContext,
     InferenceRequest,
     InferenceResult,
     ModelError,
+    Provider,
     ToolCallOut,
     ToolSpec,
 )
 from runtime.untrusted import UntrustedJSONError, parse_object
 
-if TYPE_CHECKING:
-    from runtime.loop.driver import RunDriver
-
 log = logging.getLogger("runtime.loop")
 
+CHECKPOINT_SECONDS = 0.5  # the least time between two stream checkpoints of one attempt
 
-def request(d: RunDriver, agent: Agent, run: RunView) -> InferenceRequest:
+
+async def request(d: Boundary, agent: Agent, run: RunView) -> InferenceRequest:
     """Build the next request from committed messages only (plus request-only hooks).
 
     The messages are the ones the driver holds; a fresh worker reads the same ones from the
     log, so the request is byte-identical either way (DESIGN.md decision).
     """
-    committed = tuple(d.thread_messages())
+    committed = tuple(await d.thread_messages())
     extra = [
         m
         for answer in call_hooks(agent.plugins, "before_inference", run, committed)
@@ -73,47 +74,46 @@ def request(d: RunDriver, agent: Agent, run: RunView) -> InferenceRequest:
     )
 
 
-def infer(d: RunDriver, agent: Agent, step: int) -> None:
-    """Ask the model for Step ``step`` and commit its answer (or end the run failed)."""
+async def infer(d: Boundary, agent: Agent, step: int) -> None:
+    """Ask the model for Step ``step`` and commit its answer (or end the run failed).
+
+    Raises Abandon when the run halts while the model answers (the request is cancelled)."""
     run = d.run
     assert run is not None
     call_hooks(agent.plugins, "step_start", run)
-    req = request(d, agent, run)
-    provider = None
+    req = await request(d, agent, run)
     try:
-        provider = _provider(agent, d.metadata)
-        result = _with_retries(d, provider, req, step)
+        provider = _provider(d, agent)
+        result = await _with_retries(d, provider, req, step)
     except ModelError as exc:
         log.warning("run %s: inference failed for good: %s", d.run_id, exc)
-        d.end(EndCause.FAILED, exc.as_error())
+        await d.end(EndCause.FAILED, exc.as_error())
         return
-    finally:
-        close = getattr(provider, "close", None)
-        if close is not None:
-            close()
     call_hooks(agent.plugins, "after_inference", run, result)
     # A text-only answer ends the run unless a StepEnd hook asks for another step.
     proceed = any(call_hooks(agent.plugins, "step_end", run, result))
-    _commit(d, agent, step, req, result, proceed)
+    await _commit(d, agent, step, req, result, proceed)
 
 
-def _provider(agent: Agent, metadata: Mapping[str, Any]) -> Any:
+def _provider(d: Boundary, agent: Agent) -> Provider:
     """The run's model provider. A script stored before its rules tightened (start_run checks
     new ones) fails the run as a model that refuses for good does, not as a crash."""
     try:
-        return build_provider(agent.provider, metadata)
+        return d.services.providers.get(agent.provider, d.metadata)
     except ScriptRefused as exc:
         raise ModelError(str(exc), provider="scripted", retryable=False) from exc
 
 
-def _with_retries(d: RunDriver, provider: Any, req: InferenceRequest, step: int) -> InferenceResult:
+async def _with_retries(
+    d: Boundary, provider: Provider, req: InferenceRequest, step: int
+) -> InferenceResult:
     """Call the provider; retry retryable failures with doubling backoff within budget."""
     backoff = conf.model_backoff_seconds()
     attempt = 0
     while True:
         attempt += 1
         try:
-            return metrics.measure_inference(provider, req, _context(d, step, attempt))
+            return await _answer(d, provider, req, step, attempt)
         except ModelError as exc:
             if not exc.retryable or attempt > conf.model_retries():
                 raise
@@ -122,27 +122,40 @@ def _with_retries(d: RunDriver, provider: Any, req: InferenceRequest, step: int)
             log.info(
                 "run %s: retryable model error (%s); retry in %.2fs", d.run_id, exc.message, pause
             )
-            _sleep(d, pause)
+            await _pause(d, pause)
 
 
-def _sleep(d: RunDriver, seconds: float) -> None:
-    from runtime.loop.driver import Abandon
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if d.should_stop():
+async def _answer(
+    d: Boundary, provider: Provider, req: InferenceRequest, step: int, attempt: int
+) -> InferenceResult:
+    """One attempt, given up (and its request cancelled) when the run halts first."""
+    checkpoints = Checkpoints(d, step, attempt)
+    ctx = await _context(d, step, attempt, checkpoints)
+    answer = asyncio.ensure_future(metrics.measure_inference(provider, req, ctx))
+    try:
+        if not await first(answer, d.until_halted()):
+            answer.cancel()
+            with contextlib.suppress(BaseException):
+                await answer
             raise Abandon()
-        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        return answer.result()
+    finally:
+        await checkpoints.settle()  # none lands after the step's commit clears it
 
 
-def _context(d: RunDriver, step: int, attempt: int) -> InferenceContext:
-    from runtime.loop.driver import Abandon
+async def _pause(d: Boundary, seconds: float) -> None:
+    """Sleep ``seconds``; raise Abandon as soon as the run halts."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(d.until_halted(), seconds)
+        raise Abandon()
 
-    first = [True]
+
+async def _context(
+    d: Boundary, step: int, attempt: int, checkpoints: Checkpoints
+) -> InferenceContext:
+    first_delta = [True]
 
     def on_delta(delta: Delta) -> None:
-        if d.should_stop():
-            raise Abandon()
         live.publish_delta(
             d.run_id,
             step=step,
@@ -156,51 +169,93 @@ def _context(d: RunDriver, step: int, attempt: int) -> InferenceContext:
                 "call_id": delta.call_id,
             },
         )
-        if first[0]:
-            first[0] = False
+        if first_delta[0]:
+            first_delta[0] = False
             crash_point("inference_streaming")
 
+    # A retry re-sends the identical request (README departure "resume_from means restart");
+    # the checkpoint is read only when a provider asks to resume.
+    resume_from = await d.services.db(_checkpoint, d.run_id, step) if attempt > 1 else None
     return InferenceContext(
         run_id=d.run_id,
         step=step,
         attempt=attempt,
         metadata=d.metadata,
         on_delta=on_delta,
-        checkpoint=lambda text, calls: _save_checkpoint(d, step, attempt, text, calls),
-        # A retry re-sends the identical request (README departure "resume_from means
-        # restart"); the checkpoint is read only when a provider asks to resume.
-        resume_from=_checkpoint(d, step) if attempt > 1 else None,
+        checkpoint=checkpoints.save,
+        resume_from=resume_from,
     )
 
 
-def _checkpoint(d: RunDriver, step: int) -> Mapping[str, Any] | None:
+def _checkpoint(run_id: str, step: int) -> Mapping[str, Any] | None:
     return (
-        StreamCheckpoint.objects.filter(run_id=d.run_id, step=step)
+        StreamCheckpoint.objects.filter(run_id=run_id, step=step)
         .values("text", "tool_calls")
         .first()
     )
 
 
-def _save_checkpoint(d: RunDriver, step: int, attempt: int, text: str, calls: list[dict]) -> None:
-    """Best effort: a failure to write the checkpoint never fails the run (seed).
+class Checkpoints:
+    """The stream checkpoints of one attempt, written in the background: ``save`` never waits
+    on the database (a stream must not). The first is written at once (a viewer who joins
+    late is shown the opening words), later ones at most every CHECKPOINT_SECONDS, each with
+    the newest text: a worker streaming a thousand runs writes a few checkpoints a run, not
+    one every few deltas.
 
-    One UPDATE while the run's checkpoint exists, an INSERT the first time: a stream writes
+    Best effort: a failure to write the checkpoint never fails the run (seed).
+    """
+
+    def __init__(self, d: Boundary, step: int, attempt: int) -> None:
+        self.d = d
+        self.step = step
+        self.attempt = attempt
+        self.latest: tuple[str, list[dict[str, Any]]] | None = None
+        self.writer: asyncio.Task[None] | None = None
+        self.idle = asyncio.Event()  # no write under way
+        self.idle.set()
+
+    def save(self, text: str, calls: list[dict[str, Any]]) -> None:
+        self.latest = (text, calls)
+        if self.writer is None or self.writer.done():
+            self.writer = asyncio.ensure_future(self._write())
+
+    async def _write(self) -> None:
+        while self.latest is not None:
+            (text, calls), self.latest = self.latest, None
+            fields = {"step": self.step, "attempt": self.attempt, "text": text}
+            self.idle.clear()
+            try:
+                await self.d.services.db(_save_checkpoint, self.d.run_id, fields, calls)
+            except Exception:
+                log.warning("run %s: checkpoint write failed", self.d.run_id, exc_info=True)
+            finally:
+                self.idle.set()
+            await asyncio.sleep(CHECKPOINT_SECONDS)
+
+    async def settle(self) -> None:
+        """The answer is complete: drop what waits (the step's commit clears the checkpoint)
+        and wait for a write under way, so that none lands after that commit."""
+        self.latest = None
+        if self.writer is not None:
+            await self.idle.wait()
+            self.writer.cancel()
+
+
+def _save_checkpoint(run_id: str, fields: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+    """One UPDATE while the run's checkpoint exists, an INSERT the first time: a stream writes
     one every few deltas (the scripted model's slow stream, every delta), and
     update_or_create's transaction with a locking read took four statements each, in the
-    process that may also serve viewers (issue 12, item 8). The
-    run's lease keeps a second writer away; a lost race is an IntegrityError, logged below.
+    process that may also serve viewers (issue 12, item 8). The run's lease keeps a second
+    writer away; a lost race is an IntegrityError, logged by the caller.
     """
-    fields = {"step": step, "attempt": attempt, "text": text, "tool_calls": calls}
-    try:
-        stamped = {**fields, "updated_at": timezone.now()}  # update() skips auto_now
-        if not StreamCheckpoint.objects.filter(run_id=d.run_id).update(**stamped):
-            StreamCheckpoint.objects.create(run_id=d.run_id, **fields)
-    except Exception:
-        log.warning("run %s: checkpoint write failed", d.run_id, exc_info=True)
+    fields = {**fields, "tool_calls": calls}
+    stamped = {**fields, "updated_at": timezone.now()}  # update() skips auto_now
+    if not StreamCheckpoint.objects.filter(run_id=run_id).update(**stamped):
+        StreamCheckpoint.objects.create(run_id=run_id, **fields)
 
 
-def _commit(
-    d: RunDriver,
+async def _commit(
+    d: Boundary,
     agent: Agent,
     step: int,
     req: InferenceRequest,
@@ -218,11 +273,11 @@ def _commit(
     message = Message(role="assistant", content=result.text, tool_calls=blocks, meta=meta)
     if not result.tool_calls:
         after = Disposition.running() if proceed else Disposition.ended(EndCause.NATURAL)
-        d.commit(after, (StepCommitted(step=step),), (message,))
+        await d.commit(after, (StepCommitted(step=step),), (message,))
         return
     calls = tuple(pin(agent, index, out) for index, out in enumerate(result.tool_calls))
     events = (StepCommitted(step=step), BatchOpened(step=step, calls=calls))
-    d.commit(Disposition.running(), events, (message,))
+    await d.commit(Disposition.running(), events, (message,))
     crash_point("batch_committed")
 
 

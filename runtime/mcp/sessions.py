@@ -1,32 +1,28 @@
 """Client sessions to an agent's MCP servers for the length of one claim.
 
-The SDK is asyncio-based and the loop's tool thread is synchronous, so every session lives on
-one private event loop in its own thread (an anyio blocking portal) and the sync side waits on
-concurrent futures. Each server's session is held open by one task that also runs that
-server's requests, one at a time, inside the session's scope: when the transport dies (a
-stdio server exits, an HTTP server drops the connection) the request in flight fails at once
+The SDK is asyncio-based, like the worker's drivers: every session lives on the driver's own
+event loop. Each server's session is held open by one task that also runs that server's
+requests, one at a time, inside the session's scope: when the transport dies (a stdio server
+exits, an HTTP server drops the connection) the request in flight fails at once
 (ConnectionLost, or the SDK's "Connection closed" error) instead of waiting for its timeout,
 and the session ends. A later request reconnects.
 
 ``McpSessions.close()`` cancels the tasks, which ends every session and stops every stdio
-subprocess, then stops the loop: nothing outlives the claim.
+subprocess: nothing outlives the claim.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import AbstractContextManager, AsyncExitStack, suppress
+from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from runtime.errors import McpServerUnavailable
 from runtime.mcp.config import HttpServer, ServerConfig, StdioServer
@@ -53,16 +49,15 @@ Job = Callable[[Any], Awaitable[Any]]
 
 class Connection:
     """One server's session during a claim: open it, run requests on it, reconnect after it
-    died. Thread-safe: requests from any thread are run in order."""
+    died. Requests are run in order."""
 
-    def __init__(self, config: ServerConfig, portal: BlockingPortal) -> None:
+    def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.portal = portal
-        self.lock = threading.Lock()
+        self.lock = asyncio.Lock()
         self.jobs: Any = None  # the holder's job stream while the session is open
-        self.holder: Future[Any] | None = None
+        self.holder: asyncio.Task[None] | None = None
 
-    def open(self) -> Listing:
+    async def open(self) -> Listing:
         """Connect, retrying until ``connect_timeout``; return the listing.
 
         Raises McpServerUnavailable when no session could be opened in that time.
@@ -70,7 +65,7 @@ class Connection:
         deadline = time.monotonic() + self.config.connect_timeout
         while True:
             try:
-                return self._open_once(deadline)
+                return await self._open_once(deadline)
             except (ConnectionLost, OSError) as exc:
                 if time.monotonic() + CONNECT_RETRY_SECONDS >= deadline:
                     raise McpServerUnavailable(
@@ -78,56 +73,57 @@ class Connection:
                         f"could not be reached: {exc}",
                         server=self.config.name,
                     ) from exc
-                time.sleep(CONNECT_RETRY_SECONDS)
+                await asyncio.sleep(CONNECT_RETRY_SECONDS)
 
-    def _open_once(self, deadline: float) -> Listing:
-        ready: Future[Listing] = Future()
-        self.holder = self.portal.start_task_soon(self._hold, ready)
+    async def _open_once(self, deadline: float) -> Listing:
+        ready: asyncio.Future[Listing] = asyncio.get_running_loop().create_future()
+        self.holder = asyncio.ensure_future(self._hold(ready))
         try:
-            return ready.result(timeout=max(0.1, deadline - time.monotonic()))
-        except FutureTimeout:
+            return await asyncio.wait_for(
+                asyncio.shield(ready), max(0.1, deadline - time.monotonic())
+            )
+        except TimeoutError:
             self.holder.cancel()
             raise ConnectionLost("no answer before the connect timeout") from None
 
-    def request(self, job: Job, timeout: float) -> Any:
+    async def request(self, job: Job, timeout: float) -> Any:
         """Run ``job(client)`` on the session (reconnecting first if it died); return its
         value. Raises ConnectionLost when the session ends meanwhile, McpServerUnavailable
         when it cannot be reopened, and whatever the job raises."""
-        answer: Future[Any] = Future()
-        with self.lock:
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        async with self.lock:
             if self.jobs is None:
-                self.open()
-            jobs = self.jobs  # the holder clears it, from the loop's thread, when it ends
+                await self.open()
             try:
-                if jobs is None:
+                if self.jobs is None:
                     raise anyio.ClosedResourceError
-                self.portal.call(jobs.send_nowait, (job, answer))
+                self.jobs.send_nowait((job, answer))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 raise ConnectionLost("the session ended before the request was sent") from None
         try:
-            return answer.result(timeout=timeout)
-        except FutureTimeout:
+            return await asyncio.wait_for(asyncio.shield(answer), timeout)
+        except TimeoutError:
             raise ConnectionLost(f"no answer within {timeout:g}s") from None
 
-    async def _hold(self, ready: Future[Listing]) -> None:
-        send, receive = anyio.create_memory_object_stream[tuple[Job, Future[Any]]](math.inf)
-        current: Future[Any] | None = None
+    async def _hold(self, ready: asyncio.Future[Listing]) -> None:
+        send, receive = anyio.create_memory_object_stream[tuple[Job, asyncio.Future[Any]]](math.inf)
+        current: asyncio.Future[Any] | None = None
         try:
             async with AsyncExitStack() as stack:
                 client = await stack.enter_async_context(await self._client(stack))
                 listing = await _listing(client)
                 self.jobs = send
-                ready.set_result(listing)
+                _settle(ready, result=listing)
                 async for job, answer in receive:
                     current = answer
                     try:
-                        answer.set_result(await job(client))
+                        _settle(answer, result=await job(client))
                     except Exception as exc:  # the server's answer, or a broken transport
                         if _breaks_session(exc):
                             self.jobs = None  # before the caller hears: it may retry at once
-                            answer.set_exception(exc)
+                            _settle(answer, error=exc)
                             break  # the next request starts a new session
-                        answer.set_exception(exc)
+                        _settle(answer, error=exc)
                     current = None
         except BaseException as exc:
             self.jobs = None  # before the caller hears: it may retry at once
@@ -135,8 +131,8 @@ class Connection:
             unusable = isinstance(exc, McpServerUnavailable)
             lost = exc if unusable else ConnectionLost(_describe(exc))
             for future in (ready, current):
-                if future is not None and not future.done():
-                    future.set_exception(lost)
+                if future is not None:
+                    _settle(future, error=lost)
             if not isinstance(exc, Exception):
                 raise  # cancellation: the claim is over
         finally:
@@ -202,7 +198,7 @@ def _fail_queued(receive: Any) -> None:
             _, answer = receive.receive_nowait()
         except (anyio.EndOfStream, anyio.WouldBlock, anyio.ClosedResourceError):
             return
-        answer.set_exception(ConnectionLost("the session ended"))
+        _settle(answer, error=ConnectionLost("the session ended"))
 
 
 def _describe(exc: BaseException) -> str:
@@ -212,16 +208,27 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+def _settle(future: asyncio.Future[Any], *, result: Any = None, error: Any = None) -> None:
+    """Answer ``future`` unless its waiter gave up on it (it timed out or was cancelled)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 class McpSessions:
-    """The sessions of one claim, one Connection per server, on one private event loop."""
+    """The sessions of one claim, one Connection per server, on the claim's event loop."""
 
     def __init__(self, servers: tuple[ServerConfig, ...]) -> None:
-        self._portal_cm: AbstractContextManager[BlockingPortal] = start_blocking_portal(name="mcp")
-        self.portal = self._portal_cm.__enter__()
-        self.connections = {server.name: Connection(server, self.portal) for server in servers}
+        self.connections = {server.name: Connection(server) for server in servers}
 
-    def close(self) -> None:
-        """Cancel every session (ending stdio subprocesses) and stop the loop's thread."""
-        with suppress(RuntimeError):  # already stopped
-            self.portal.call(self.portal.stop, True)
-        self._portal_cm.__exit__(None, None, None)
+    async def close(self) -> None:
+        """Cancel every session (ending stdio subprocesses) and wait until they have ended."""
+        holders = [c.holder for c in self.connections.values() if c.holder is not None]
+        for holder in holders:
+            holder.cancel()
+        for holder in holders:
+            with suppress(BaseException):
+                await holder

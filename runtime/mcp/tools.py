@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from runtime.domain.model import ToolCall
-from runtime.mcp.config import ServerConfig
 from runtime.mcp.policy import derive
 from runtime.mcp.results import looked_up, result_text
 from runtime.mcp.sessions import Connection, ConnectionLost, Listing, McpSessions
@@ -74,25 +73,29 @@ class McpTool(Tool):
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {where}: {message}")
         return arguments
 
-    def run(self, ctx: ToolContext, arguments: dict[str, Any]) -> str:
+    @property
+    def is_async(self) -> bool:
+        return True  # the session lives on the driver's event loop
+
+    async def arun(self, ctx: ToolContext, arguments: dict[str, Any]) -> str:
         """Call the tool on its server; return its result text.
 
         Raises ToolError for an ``isError`` result or a refused request (the model sees it),
         ConnectionLost or McpServerUnavailable when the outcome is unknown (the pinned policy
         decides).
         """
-        result = self._call(self.source["tool"], arguments, ctx)
+        result = await self._call(self.source["tool"], arguments, ctx)
         text = result_text(result)
         if result.is_error:
             raise ToolError(text)
         return text
 
-    def lookup_operation(self, ctx: ToolContext) -> str | None:
+    async def lookup_operation(self, ctx: ToolContext) -> str | None:
         """Ask the pinned lookup tool about ``ctx.operation_id``; None: never seen."""
-        result = self._call(self.source["lookup"], {"operation_id": ctx.operation_id}, ctx)
+        result = await self._call(self.source["lookup"], {"operation_id": ctx.operation_id}, ctx)
         return looked_up(result)
 
-    def _call(self, tool: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    async def _call(self, tool: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         from mcp import MCPError
 
         if self.connection is None:
@@ -104,7 +107,7 @@ class McpTool(Tool):
             return await client.call_tool(tool, arguments, meta=meta)
 
         try:
-            return self.connection.request(call, timeout)
+            return await self.connection.request(call, timeout)
         except MCPError as exc:
             if exc.code in REFUSALS:
                 raise ToolError(f"the MCP server refused the call: {exc}") from exc
@@ -200,8 +203,8 @@ def pinned_tool(call: ToolCall, connection: Connection | None) -> McpTool:
     return replace(tool, unavailable=reason)
 
 
-@contextmanager
-def attached(agent: Agent) -> Iterator[Agent]:
+@asynccontextmanager
+async def attached(agent: Agent) -> AsyncIterator[Agent]:
     """Open the agent's MCP servers for a claim; yield the agent with their tools added.
 
     Raises McpServerUnavailable (before yielding) when a server cannot be started or reached
@@ -215,14 +218,11 @@ def attached(agent: Agent) -> Iterator[Agent]:
     try:
         offered: list[Tool] = []
         for connection in sessions.connections.values():
-            offered.extend(offered_tools(connection, connection.open()))
+            offered.extend(offered_tools(connection, await connection.open()))
         yield replace(
             agent,
             tools=agent.tools + tuple(offered),
             mcp_connections=MappingProxyType(dict(sessions.connections)),
         )
     finally:
-        sessions.close()
-
-
-__all__ = ["ServerConfig", "attached", "pinned_tool"]
+        await sessions.close()

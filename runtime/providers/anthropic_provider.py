@@ -229,11 +229,11 @@ class AnthropicProvider:
     name = NAME
 
     def __init__(
-        self, config: ProviderConfig, *, client: anthropic.Anthropic | None = None
+        self, config: ProviderConfig, *, client: anthropic.AsyncAnthropic | None = None
     ) -> None:
         self.config = config
         key = keys.api_key(config.api_key_env, "ANTHROPIC_API_KEY", NAME)
-        self.client = client or anthropic.Anthropic(
+        self.client = client or anthropic.AsyncAnthropic(
             base_url=keys.anthropic_base_url(config.base_url),
             api_key=key,
             timeout=config.timeout,
@@ -245,27 +245,27 @@ class AnthropicProvider:
         """The base URL requests go to (named in connection errors)."""
         return str(self.client.base_url)
 
-    def close(self) -> None:
-        self.client.close()
+    async def close(self) -> None:
+        await self.client.close()
 
     def body(self, request: InferenceRequest) -> dict[str, Any]:
         if not request.model and self.config.model:
             request = replace(request, model=self.config.model)
         return request_body(request, self.config.options)
 
-    def infer(self, request: InferenceRequest, ctx: InferenceContext) -> InferenceResult:
+    async def infer(self, request: InferenceRequest, ctx: InferenceContext) -> InferenceResult:
         body = self.body(request)
         fixed = {k: body.pop(k) for k in ("model", "max_tokens", "messages", "stream")}
         sink = StreamSink(ctx, NAME)
         assembly = _Assembly(sink)
         try:
-            with self.client.messages.create(**fixed, extra_body=body) as stream:
+            async with await self.client.messages.create(**fixed, extra_body=body) as stream:
                 content_type = stream.response.headers.get("content-type", "")
                 if "text/event-stream" not in content_type:
                     raise errors.malformed(
                         NAME, f"a stream was asked for, the server sent {content_type!r}"
                     )
-                for event in stream:
+                async for event in stream:
                     assembly.feed(event)
         except ModelError:
             raise

@@ -130,8 +130,12 @@ class InferenceContext:
 
 
 class Provider(Protocol):
+    """A model provider. ``infer`` runs on the worker's event loop: it awaits the network
+    (an SDK's async client) and never blocks the loop. A provider that holds a client also
+    has ``async close()``."""
+
     name: str
 
-    def infer(self, request: InferenceRequest, ctx: InferenceContext) -> InferenceResult:
+    async def infer(self, request: InferenceRequest, ctx: InferenceContext) -> InferenceResult:
         """Run one inference, streaming Deltas; raise ModelError on failure."""
         ...

@@ -41,7 +41,7 @@ Stream checkpoints and ``resume_from``: see ``runtime.providers.streaming`` (res
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -135,11 +135,11 @@ def request_body(
     return body
 
 
-def _sse(lines: Iterable[str]) -> Iterator[tuple[str | None, str]]:
+async def _sse(lines: AsyncIterable[str]) -> AsyncIterator[tuple[str | None, str]]:
     """Server-Sent Events as (event name, data); an event cut off by the end is dropped."""
     event: str | None = None
     data: list[str] = []
-    for line in lines:
+    async for line in lines:
         if not line:
             if data:
                 yield event, "\n".join(data)
@@ -265,10 +265,10 @@ class OpenAIProvider:
 
     name = NAME
 
-    def __init__(self, config: ProviderConfig, *, client: openai.OpenAI | None = None) -> None:
+    def __init__(self, config: ProviderConfig, *, client: openai.AsyncOpenAI | None = None) -> None:
         self.config = config
         key = keys.api_key(config.api_key_env, "OPENAI_API_KEY", NAME)
-        self.client = client or openai.OpenAI(
+        self.client = client or openai.AsyncOpenAI(
             base_url=config.base_url,
             api_key=key,
             timeout=config.timeout,
@@ -280,26 +280,27 @@ class OpenAIProvider:
         """The base URL requests go to (named in connection errors)."""
         return str(self.client.base_url)
 
-    def close(self) -> None:
-        self.client.close()
+    async def close(self) -> None:
+        await self.client.close()
 
     def body(self, request: InferenceRequest) -> dict[str, Any]:
         if not request.model and self.config.model:
             request = replace(request, model=self.config.model)
         return request_body(request, self.config.options)
 
-    def infer(self, request: InferenceRequest, ctx: InferenceContext) -> InferenceResult:
+    async def infer(self, request: InferenceRequest, ctx: InferenceContext) -> InferenceResult:
         body = self.body(request)
         fixed = {k: body.pop(k) for k in ("model", "messages", "stream")}
         sink = StreamSink(ctx, NAME)
         try:
-            with self.client.chat.completions.with_streaming_response.create(
+            async with self.client.chat.completions.with_streaming_response.create(
                 **fixed, extra_body=body
             ) as response:
                 content_type = response.headers.get("content-type", "")
                 if "text/event-stream" in content_type:
-                    return self._stream(response.iter_lines(), sink)
-                return self._whole(response.http_response.read(), content_type, sink)
+                    return await self._stream(response.iter_lines(), sink)
+                raw = await response.http_response.aread()
+                return self._whole(raw, content_type, sink)
         except ModelError:
             raise
         except openai.APIStatusError as exc:
@@ -317,10 +318,10 @@ class OpenAIProvider:
         except errors.transport_errors() as exc:
             raise errors.connection(NAME, exc, mid_stream=True, url=self.url) from exc
 
-    def _stream(self, lines: Iterable[str], sink: StreamSink) -> InferenceResult:
+    async def _stream(self, lines: AsyncIterable[str], sink: StreamSink) -> InferenceResult:
         assembly = _Assembly(sink)
         done = False
-        for event, data in _sse(lines):
+        async for event, data in _sse(lines):
             if data.strip() == "[DONE]":
                 done = True
                 break

@@ -10,8 +10,8 @@ answers ``FINAL_TEXT``.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
 from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import (
@@ -162,9 +162,9 @@ class ScriptedProvider:
     def __init__(self, script: Script) -> None:
         self.responses = _responses(script)
 
-    def infer(self, request: InferenceRequest, ctx: InferenceContext) -> InferenceResult:
+    async def infer(self, request: InferenceRequest, ctx: InferenceContext) -> InferenceResult:
         if ctx.step > len(self.responses):
-            return self._stream(TextStep(text=FINAL_TEXT), ctx)
+            return await self._stream(TextStep(text=FINAL_TEXT), ctx)
         errors, response = self.responses[ctx.step - 1]
         failed = 0
         for error in errors:
@@ -177,9 +177,11 @@ class ScriptedProvider:
                     provider=self.name,
                     retryable=True,
                 )
-        return self._stream(response, ctx)
+        return await self._stream(response, ctx)
 
-    def _stream(self, step: TextStep | ToolCallsStep, ctx: InferenceContext) -> InferenceResult:
+    async def _stream(
+        self, step: TextStep | ToolCallsStep, ctx: InferenceContext
+    ) -> InferenceResult:
         pause = step.delay_ms / 1000
         said = ""
         for piece in _split(step.text, step.chunks):
@@ -192,7 +194,7 @@ class ScriptedProvider:
                 ctx.checkpoint(said, [])
             ctx.on_delta(Delta(kind="text", text=piece))
             if pause:
-                time.sleep(pause)
+                await asyncio.sleep(pause)
         calls = []
         for index, call in enumerate(getattr(step, "tool_calls", [])):
             arguments = (
@@ -205,7 +207,7 @@ class ScriptedProvider:
             for piece in _split(arguments, step.chunks):
                 ctx.on_delta(Delta(kind="tool_call", index=index, text=piece))
                 if pause:
-                    time.sleep(pause)
+                    await asyncio.sleep(pause)
             calls.append(ToolCallOut(id=call_id, name=call.name, arguments=arguments))
         return InferenceResult(
             text=step.text,

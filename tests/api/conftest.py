@@ -23,11 +23,12 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from console.models import ApiToken
-from runtime.coordinator import commit, read_head, read_run
+from runtime.commits import commit
+from runtime.coordinator import read_head, read_run
 from runtime.domain.commit import CommitDraft
 from runtime.domain.events import CallExecuting
 from runtime.domain.model import Disposition
-from runtime.loop import RunDriver
+from runtime.loop import drive_inline
 from runtime.models import ThreadCommit
 from runtime.worker import claim
 from tests.servers import serving
@@ -147,7 +148,7 @@ def start(api) -> Callable[..., dict[str, Any]]:
 def drive() -> None:
     """Drive every runnable run in this process until it waits or ends (no tool threads)."""
     while (taken := claim("api-tests")) is not None:
-        RunDriver(taken.run_id, lease=taken.lease, should_stop=lambda: False).drive()
+        drive_inline(taken.run_id, lease=taken.lease)
 
 
 @pytest.fixture

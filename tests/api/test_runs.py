@@ -51,6 +51,9 @@ def test_unknown_agent_is_404_listing_the_known_agents(api):
     assert error["code"] == "unknown_agent"
     assert error["detail"]["known"] == sorted(registry())
     assert "demo" in error["detail"]["known"]
+    # The message alone tells a new user where agents come from (issue 21, item 7).
+    assert "the known agents are assistant, demo." in error["message"]
+    assert "RUNTIME_AGENTS setting" in error["message"]
     assert not Run.objects.exists()
 
 

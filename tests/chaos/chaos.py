@@ -7,7 +7,7 @@ By hand it uses its own PostgreSQL database (created when missing, migrated, flu
 row in it is the chaos run's). ``tests/chaos/test_chaos.py`` runs the short form on the
 test database. For ``--seconds``:
 
-- 3 ``runtime_worker`` processes (``--concurrency 2``, 1 s leases) drive the runs; a killer
+- 3 ``runtime_worker`` processes (``--max-inflight 2``, 1 s leases) drive the runs; a killer
   SIGKILLs one at random every 1 to 3 seconds and starts a replacement;
 - a starter keeps ``--in-flight`` runs of the demo agent going through the API, each with a
   random script of ledger tools (``ledger_once``, ``ledger_approval``, ``ledger_reconnect``,
@@ -138,7 +138,7 @@ class Chaos:
 
     def spawn_worker(self) -> subprocess.Popen[bytes]:
         self.spawned += 1
-        command = [sys.executable, "manage.py", "runtime_worker", "--concurrency", "2"]
+        command = [sys.executable, "manage.py", "runtime_worker", "--max-inflight", "2"]
         command += ["--worker-id", f"chaos-{self.spawned}"]
         with (self.log_dir / f"worker-{self.spawned}.log").open("wb") as log:
             return subprocess.Popen(

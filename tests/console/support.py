@@ -10,7 +10,8 @@ import uuid
 from typing import Any
 
 from runtime import operations
-from runtime.coordinator import commit, read_head, read_run
+from runtime.commits import commit
+from runtime.coordinator import read_head, read_run
 from runtime.domain.commit import CommitDraft, publication
 from runtime.domain.events import (
     BatchFinalized,

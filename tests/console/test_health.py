@@ -7,8 +7,6 @@ import os
 
 import pytest
 from asgiref.testing import ApplicationCommunicator
-from django.db import connection
-from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
 from django.test import Client
 
@@ -57,13 +55,36 @@ def test_readyz_checks_database_migrations_and_channel_layer():
             "migrations": "ok",
             "channel_layer": "ok",
             "static_files": "ok",
+            "worker": "ok",
         },
     }
 
 
+def test_readyz_says_why_the_in_process_worker_cannot_work(monkeypatch):
+    """A worker serving in this process (runtime_serve's) that cannot reach the database makes
+    the process unready, naming the worker and the reason; it is ready again once it works."""
+    from django.db import OperationalError
+
+    from runtime import worker as worker_module
+
+    worker = worker_module.Worker(worker_id="in-process")
+    monkeypatch.setattr(worker_module, "SERVING", {worker})
+    lost = OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+    assert worker.observe(lost)
+    response = Client().get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["worker"] == (
+        "in-process: the database cannot be reached: "
+        "connection to server at 127.0.0.1 failed: Connection refused"
+    )
+    assert not worker.observe(None)
+    assert Client().get("/readyz").status_code == 200
+
+
 def test_readyz_names_an_unapplied_migration():
-    (_, latest), *_ = MigrationLoader(connection).graph.leaf_nodes("runtime")
-    MigrationRecorder.Migration.objects.filter(app="runtime", name=latest).delete()
+    applied = MigrationRecorder.Migration.objects.filter(app="runtime")
+    latest = applied.order_by("-name").values_list("name", flat=True).first()
+    applied.filter(name=latest).delete()
     response = Client().get("/readyz")
     assert response.status_code == 503
     unapplied = f"RuntimeError: 1 unapplied: runtime.{latest}"

@@ -6,6 +6,7 @@ Nothing here mocks an SDK: each test sends real HTTP from the official ``openai`
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,7 @@ def openai_provider(server: ReplayServer) -> Iterator[Callable[..., OpenAIProvid
 
     yield make
     for provider in made:
-        provider.close()
+        asyncio.run(provider.close())
 
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def anthropic_provider(server: ReplayServer) -> Iterator[Callable[..., Anthropic
 
     yield make
     for provider in made:
-        provider.close()
+        asyncio.run(provider.close())
 
 
 @dataclass

@@ -11,6 +11,7 @@ server does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -232,3 +233,18 @@ class ReplayServer:
     def seen(self) -> list[Seen]:
         with self._server.lock:
             return list(self._server.seen)
+
+
+def infer(provider: Any, request: Any, ctx: Any) -> Any:
+    """Run one inference of ``provider`` to its end on an event loop of its own, then close
+    the provider's client there (an async client is bound to the loop that used it)."""
+
+    async def once() -> Any:
+        try:
+            return await provider.infer(request, ctx)
+        finally:
+            close = getattr(provider, "close", None)
+            if close is not None:
+                await close()
+
+    return asyncio.run(once())

@@ -11,6 +11,7 @@ from runtime.domain.model import Message
 from runtime.providers.anthropic_provider import DEFAULT_MAX_TOKENS, request_body, tool_input
 from runtime.providers.base import InferenceRequest, ModelError, ToolSpec
 from tests.providers.replay import Reply
+from tests.providers.replay import infer as run_inference
 
 ASK = InferenceRequest(model="m", instructions="", messages=(Message(role="user", content="hi"),))
 
@@ -71,7 +72,7 @@ def text_message(text: str, stop_reason: str = "end_turn") -> list[dict[str, Any
 def infer(server, provider, context, reply: Reply, request=ASK, **ctx_options):
     server.queue(reply)
     ctx, recorded = context(**ctx_options)
-    return provider.infer(request, ctx), recorded
+    return run_inference(provider, request, ctx), recorded
 
 
 # --- the request ---------------------------------------------------------------------

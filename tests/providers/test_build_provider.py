@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from runtime.agents import ProviderConfig
@@ -12,6 +14,7 @@ from runtime.providers.anthropic_provider import AnthropicProvider
 from runtime.providers.base import InferenceContext, InferenceRequest
 from runtime.providers.openai_compat import OpenAIProvider
 from runtime.providers.scripted import FINAL_TEXT, ScriptedProvider
+from tests.providers.replay import infer
 
 ASK = InferenceRequest(model="m", instructions="", messages=(Message(role="user", content="hi"),))
 
@@ -24,13 +27,13 @@ def test_a_script_in_the_metadata_wins_over_any_kind() -> None:
     config = ProviderConfig(kind="openai", model="gpt", base_url="http://127.0.0.1:9/v1")
     provider = build_provider(config, {"script": {"steps": [{"text": "scripted answer"}]}})
     assert isinstance(provider, ScriptedProvider)
-    assert provider.infer(ASK, ctx()).text == "scripted answer"
+    assert infer(provider, ASK, ctx()).text == "scripted answer"
 
 
 def test_scripted_without_a_script_has_nothing_more_to_say() -> None:
     provider = build_provider(ProviderConfig(kind="scripted"), {})
     assert isinstance(provider, ScriptedProvider)
-    assert provider.infer(ASK, ctx()).text == FINAL_TEXT
+    assert infer(provider, ASK, ctx()).text == FINAL_TEXT
 
 
 def test_openai_kind() -> None:
@@ -39,7 +42,7 @@ def test_openai_kind() -> None:
     assert isinstance(provider, OpenAIProvider)
     assert str(provider.client.base_url) == "http://127.0.0.1:11434/v1/"
     assert provider.client.max_retries == 0
-    provider.close()
+    asyncio.run(provider.close())
 
 
 def test_anthropic_kind() -> None:
@@ -50,7 +53,7 @@ def test_anthropic_kind() -> None:
     assert isinstance(provider, AnthropicProvider)
     assert provider.client.max_retries == 0
     assert provider.client.timeout == 12
-    provider.close()
+    asyncio.run(provider.close())
 
 
 def test_unknown_kind() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import socket
 import time
@@ -14,7 +15,7 @@ from runtime.providers import errors
 from runtime.providers.anthropic_provider import AnthropicProvider
 from runtime.providers.base import InferenceRequest, ModelError
 from runtime.providers.openai_compat import OpenAIProvider
-from tests.providers.replay import Reply
+from tests.providers.replay import Reply, infer
 
 ASK = InferenceRequest(model="m", instructions="", messages=(Message(role="user", content="hi"),))
 
@@ -123,7 +124,7 @@ def test_openai_status_end_to_end(
     server.queue(Reply.json(status, body, headers))
     ctx, _ = context()
     with pytest.raises(ModelError) as caught:
-        openai_provider().infer(ASK, ctx)
+        infer(openai_provider(), ASK, ctx)
     error = caught.value
     assert (error.provider, error.status, error.retryable) == ("openai", status, retryable)
     assert error.retry_after == retry_after
@@ -139,7 +140,7 @@ def test_anthropic_status_end_to_end(
     server.queue(Reply.json(status, body, {**headers, "request-id": "req_abc"}))
     ctx, _ = context()
     with pytest.raises(ModelError) as caught:
-        anthropic_provider().infer(ASK, ctx)
+        infer(anthropic_provider(), ASK, ctx)
     error = caught.value
     assert (error.provider, error.status, error.retryable) == ("anthropic", status, retryable)
     assert error.retry_after == retry_after
@@ -153,7 +154,7 @@ def test_plain_text_error_body(server, openai_provider, context) -> None:
     )
     ctx, _ = context()
     with pytest.raises(ModelError) as caught:
-        openai_provider().infer(ASK, ctx)
+        infer(openai_provider(), ASK, ctx)
     assert (caught.value.status, caught.value.retryable) == (502, True)
     assert "Bad Gateway from nginx" in caught.value.message
 
@@ -183,9 +184,9 @@ def test_connection_refused_is_retryable(kind, context) -> None:
     ctx, _ = context()
     try:
         with pytest.raises(ModelError) as caught:
-            provider.infer(ASK, ctx)
+            infer(provider, ASK, ctx)
     finally:
-        provider.close()
+        asyncio.run(provider.close())
     assert (caught.value.retryable, caught.value.status) == (True, None)
     assert "the connection failed" in caught.value.message
 
@@ -198,7 +199,7 @@ def test_no_answer_within_the_timeout_is_retryable(
     provider = (openai_provider if kind == "openai" else anthropic_provider)(timeout=0.3)
     ctx, _ = context()
     with pytest.raises(ModelError) as caught:
-        provider.infer(ASK, ctx)
+        infer(provider, ASK, ctx)
     assert caught.value.retryable is True
     assert "timed out" in caught.value.message
 
@@ -234,7 +235,7 @@ def test_stream_that_stalls_is_retryable(
     provider = (openai_provider if kind == "openai" else anthropic_provider)(timeout=0.3)
     ctx, recorded = context()
     with pytest.raises(ModelError) as caught:
-        provider.infer(ASK, ctx)
+        infer(provider, ASK, ctx)
     assert caught.value.retryable is True
     assert "stalled past the timeout" in caught.value.message
     if kind == "openai":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 
@@ -13,7 +14,7 @@ from runtime.providers import keys
 from runtime.providers.anthropic_provider import AnthropicProvider
 from runtime.providers.base import InferenceRequest, ModelError
 from runtime.providers.openai_compat import OpenAIProvider
-from tests.providers.replay import Reply, load_fixture
+from tests.providers.replay import Reply, infer, load_fixture
 
 ASK = InferenceRequest(model="m", instructions="", messages=(Message(role="user", content="hi"),))
 
@@ -64,9 +65,9 @@ def test_the_anthropic_base_url_works_with_or_without_v1(suffix, server, context
     provider = AnthropicProvider(config)
     ctx, _ = context()
     try:
-        provider.infer(ASK, ctx)
+        infer(provider, ASK, ctx)
     finally:
-        provider.close()
+        asyncio.run(provider.close())
     (seen,) = server.seen
     assert seen.path == "/v1/messages"
 
@@ -86,7 +87,7 @@ def test_a_connection_error_names_the_url_tried(kind, context):
     ctx, _ = context()
     try:
         with pytest.raises(ModelError) as caught:
-            provider.infer(ASK, ctx)
+            infer(provider, ASK, ctx)
     finally:
-        provider.close()
+        asyncio.run(provider.close())
     assert f"the connection failed (http://127.0.0.1:{port}" in caught.value.message

@@ -15,6 +15,7 @@ from runtime.domain.model import Message
 from runtime.providers.base import InferenceRequest, ModelError, ToolSpec
 from runtime.providers.openai_compat import request_body
 from tests.providers.replay import Reply
+from tests.providers.replay import infer as run_inference
 
 ASK = InferenceRequest(model="m", instructions="", messages=(Message(role="user", content="hi"),))
 
@@ -56,7 +57,7 @@ def call(
 def infer(server, provider, context, reply: Reply, request=ASK, **ctx_options):
     server.queue(reply)
     ctx, recorded = context(**ctx_options)
-    return provider.infer(request, ctx), recorded
+    return run_inference(provider, request, ctx), recorded
 
 
 # --- chunks and deltas ---------------------------------------------------------------

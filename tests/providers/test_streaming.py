@@ -10,7 +10,7 @@ import pytest
 from runtime.domain.model import Message
 from runtime.providers.base import InferenceRequest, ModelError
 from runtime.providers.streaming import CHECKPOINT_EVERY
-from tests.providers.replay import Reply, load_fixture
+from tests.providers.replay import Reply, infer, load_fixture
 
 ASK = InferenceRequest(model="m", instructions="", messages=(Message(role="user", content="hi"),))
 
@@ -27,7 +27,7 @@ def test_checkpoints_every_few_deltas(server, openai_provider, context) -> None:
     words = [f"w{i} " for i in range(20)]
     server.queue(text_stream(words))
     ctx, recorded = context()
-    result = openai_provider().infer(ASK, ctx)
+    result = infer(openai_provider(), ASK, ctx)
     assert result.text == "".join(words)
     every = CHECKPOINT_EVERY
     assert [text for text, _ in recorded.checkpoints] == [
@@ -40,7 +40,7 @@ def test_checkpoint_holds_only_complete_calls(server, openai_provider, context) 
     """Parallel calls: call 0 is whole once call 1 opens; call 1 completes at the finish."""
     server.queue(Reply.from_fixture(load_fixture("openai-stream-parallel-tools.json")))
     ctx, recorded = context()
-    openai_provider().infer(ASK, ctx)
+    infer(openai_provider(), ASK, ctx)
     complete_sets = [calls for _, calls in recorded.checkpoints]
     assert complete_sets[0] == [
         {"id": "call_8Sp49rZGndlZALo0uq1XvA7A", "name": "plus", "arguments": '{"a": 2, "b": 3}'}
@@ -60,7 +60,7 @@ def test_anthropic_checkpoints_a_call_at_its_block_stop(
     fixture = load_fixture("anthropic-stream-text-and-parallel-tool-use.json")
     server.queue(Reply.from_fixture(fixture))
     ctx, recorded = context()
-    anthropic_provider().infer(ASK, ctx)
+    infer(anthropic_provider(), ASK, ctx)
     with_weather = [c for c in recorded.checkpoints if len(c[1]) == 1]
     assert with_weather, "no checkpoint after the first tool_use block stopped"
     text, calls = with_weather[0]
@@ -84,7 +84,7 @@ def test_checkpoint_before_a_cut_keeps_the_completed_call(
     server.queue(Reply.from_fixture(fixture, framing="chunked", split=True, cut_after=cut))
     ctx, recorded = context()
     with pytest.raises(ModelError) as caught:
-        anthropic_provider().infer(ASK, ctx)
+        infer(anthropic_provider(), ASK, ctx)
     assert caught.value.retryable is True
     assert [c["name"] for c in recorded.checkpoints[-1][1]] == ["get_weather"]
 
@@ -95,7 +95,7 @@ def test_a_failing_checkpoint_never_fails_the_inference(server, openai_provider,
 
     server.queue(text_stream([f"{i} " for i in range(30)]))
     ctx, recorded = context(checkpoint=broken)
-    result = openai_provider().infer(ASK, ctx)
+    result = infer(openai_provider(), ASK, ctx)
     assert result.text == "".join(f"{i} " for i in range(30))
     assert recorded.text == result.text
 
@@ -108,7 +108,7 @@ def test_a_failing_delta_sink_never_fails_the_inference(
 
     server.queue(Reply.from_fixture(load_fixture("anthropic-stream-tool-use.json")))
     ctx, _ = context(on_delta=broken)
-    result = anthropic_provider().infer(ASK, ctx)
+    result = infer(anthropic_provider(), ASK, ctx)
     assert [(c.name, c.arguments) for c in result.tool_calls] == [("plus", '{"a": 1, "b": 2}')]
 
 
@@ -138,11 +138,11 @@ def test_resume_from_restarts_the_request(
     make = openai_provider if kind == "openai" else anthropic_provider
     server.queue(Reply.from_fixture(recorded_fixture))
     fresh_ctx, _ = context(attempt=1)
-    fresh = make().infer(ASK, fresh_ctx)
+    fresh = infer(make(), ASK, fresh_ctx)
 
     server.queue(Reply.from_fixture(recorded_fixture))
     retry_ctx, recorded = context(attempt=2, resume_from=RESUME)
-    retried = make().infer(ASK, retry_ctx)
+    retried = infer(make(), ASK, retry_ctx)
 
     assert retried == fresh
     assert "earlier attempt" not in retried.text
@@ -159,7 +159,7 @@ def test_delta_protocol_matches_the_scripted_provider(server, openai_provider, c
     """A call opens with a header Delta (name, call_id, no text), then argument fragments."""
     server.queue(Reply.from_fixture(load_fixture("openai-stream-single-tool.json")))
     ctx, recorded = context()
-    openai_provider().infer(ASK, ctx)
+    infer(openai_provider(), ASK, ctx)
     header, *fragments = recorded.deltas
     assert (header.kind, header.index, header.name, header.call_id, header.text) == (
         "tool_call",

@@ -18,7 +18,7 @@ import pytest
 
 from runtime.domain.model import Message
 from runtime.providers.base import InferenceRequest, ModelError, ToolSpec
-from tests.providers.replay import Reply, fixture_names, load_fixture, wire_dir
+from tests.providers.replay import Reply, fixture_names, infer, load_fixture, wire_dir
 
 
 @dataclass(frozen=True)
@@ -363,7 +363,7 @@ def test_replay(name, mode, server, openai_provider, anthropic_provider, context
 
     if isinstance(case.expect, Fails):
         with pytest.raises(ModelError) as caught:
-            provider.infer(request, ctx)
+            infer(provider, request, ctx)
         error = caught.value
         assert (error.retryable, error.status) == (case.expect.retryable, case.expect.status)
         assert error.retry_after == case.expect.retry_after
@@ -371,7 +371,7 @@ def test_replay(name, mode, server, openai_provider, anthropic_provider, context
         for words in case.expect.says:
             assert words in error.message
     else:
-        result = provider.infer(request, ctx)
+        result = infer(provider, request, ctx)
         assert result.text == case.expect.text
         assert [(c.id, c.name, c.arguments) for c in result.tool_calls] == case.expect.calls
         for call in result.tool_calls:
@@ -386,7 +386,8 @@ def test_replay(name, mode, server, openai_provider, anthropic_provider, context
     expected_path = "/v1/chat/completions" if case.kind == "openai" else "/v1/messages"
     assert seen.path == expected_path
     assert seen.body == expected_body(fixture, case)
-    agent = "OpenAI/Python" if case.kind == "openai" else "Anthropic/Python"
+    # The official async clients: AsyncOpenAI's says OpenAI/Python, AsyncAnthropic's its name.
+    agent = "OpenAI/Python" if case.kind == "openai" else "AsyncAnthropic/Python"
     assert seen.headers["user-agent"].startswith(agent)
 
 
@@ -396,7 +397,7 @@ def test_groq_reasoning_is_not_published_as_text(server, openai_provider, contex
     ctx, recorded = context()
     request = InferenceRequest(model="openai/gpt-oss-120b", instructions="", messages=(user("x"),))
     with pytest.raises(ModelError):
-        openai_provider().infer(request, ctx)
+        infer(openai_provider(), request, ctx)
     assert recorded.deltas == []
 
 
@@ -408,7 +409,7 @@ def test_429_with_retry_after_header_sets_retry_after(server, openai_provider, c
     ctx, _ = context()
     request = InferenceRequest(model="m", instructions="", messages=(user("x"),))
     with pytest.raises(ModelError) as caught:
-        openai_provider().infer(request, ctx)
+        infer(openai_provider(), request, ctx)
     assert (caught.value.retryable, caught.value.status, caught.value.retry_after) == (
         True,
         429,
@@ -440,7 +441,7 @@ def test_stream_cut_half_way_is_retryable(
     ctx, _ = context()
     request = InferenceRequest(model=case.model, instructions="", messages=(user("x"),))
     with pytest.raises(ModelError) as caught:
-        provider.infer(request, ctx)
+        infer(provider, request, ctx)
     assert caught.value.retryable is True
     assert caught.value.status is None
     expected = "incomplete stream" if framing == "close" else "stream was cut mid-way"

@@ -141,10 +141,10 @@ def spawn_worker(manage: Callable[..., Spawned]) -> Callable[..., Spawned]:
         crash_at: str | None = None,
         until_idle: bool = True,
         worker_id: str | None = None,
-        concurrency: int = 1,
+        max_inflight: int = 1,
         **env: str | None,
     ) -> Spawned:
-        args = ["runtime_worker", "--concurrency", str(concurrency)]
+        args = ["runtime_worker", "--max-inflight", str(max_inflight)]
         if until_idle:
             args.append("--until-idle")
         if worker_id:

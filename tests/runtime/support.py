@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import connection, transaction
 
 from runtime import codec, fsck
@@ -22,7 +23,7 @@ from runtime.coordinator import Lease, read_run
 from runtime.domain.commit import CommitDraft, apply_commit
 from runtime.domain.events import BatchOpened, CallExecuting, ReconciliationRecorded
 from runtime.domain.model import CallPhase, ThreadHead
-from runtime.loop import RunDriver
+from runtime.loop import Frontier, RunDriver, Services, ThreadPool
 from runtime.models import LedgerEffect, MessageRecord, Run, ThreadCommit, ToolCallRecord
 
 # What a tool's recovery policy is called in the issue, and the demo tool that carries it.
@@ -153,13 +154,20 @@ def rebuilt_request(run_id: str, before_seq: int) -> Any:
     """
     run = read_run(run_id)
     assert run is not None
+    tools = ThreadPool(1, "tools")
     driver = RunDriver(
-        run_id, lease=Lease(worker_id="test", epoch=0, ttl=timedelta(seconds=1)), should_stop=bool
+        run_id,
+        lease=Lease(worker_id="test", epoch=0, ttl=timedelta(seconds=1)),
+        services=Services.inline(tools),
+        frontier=Frontier(run=run, version=run.version),
     )
-    with transaction.atomic():
-        MessageRecord.objects.filter(thread_id=run.thread_id, seq__gte=before_seq).delete()
-        request = driver.request(get_agent(run.agent), run)
-        transaction.set_rollback(True)
+    try:
+        with transaction.atomic():
+            MessageRecord.objects.filter(thread_id=run.thread_id, seq__gte=before_seq).delete()
+            request = async_to_sync(driver.request)(get_agent(run.agent), run)
+            transaction.set_rollback(True)
+    finally:
+        tools.close()
     return request
 
 

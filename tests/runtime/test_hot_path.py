@@ -14,13 +14,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import connection
 from django.db.backends.signals import connection_created
 
 from runtime import operations
 from runtime.coordinator import commit, read_head, read_run
 from runtime.domain.model import Decision, EndCause, Permission, RunState
-from runtime.loop import ToolThread
+from runtime.loop import Services, ThreadPool
 from runtime.loop import drive as loop_drive
 from runtime.models import ThreadCommit
 from runtime.providers.scripted import ScriptedProvider
@@ -161,7 +162,7 @@ def test_a_demo_run_stays_within_its_budget(start, settings):
     PostgreSQL and no new connection once the worker's connections are open."""
     settings.RUNTIME_IDLE_POLL_SECONDS = 0.05
     worker = Worker(worker_id="counted", until_idle=True)
-    tools = ToolThread()
+    tools = ThreadPool(1, "tools")
     try:
         start(DEMO, text_step())
         while worker.step(tools):  # the first run opens the connections a worker keeps
@@ -206,41 +207,19 @@ def test_a_thread_note_does_not_make_the_driver_ask_again(make_run, make_calls, 
     monkeypatch.setattr(
         ScriptedProvider, "infer", lambda self, *a: inferences.append(1) or real(self, *a)
     )
-    left = loop_drive(run_id, lease=taken.lease, should_stop=lambda: False, frontier=taken.frontier)
+    tools = ThreadPool(1, "tools")
+    try:
+        left = async_to_sync(loop_drive)(
+            run_id, lease=taken.lease, services=Services.inline(tools), frontier=taken.frontier
+        )
+    finally:
+        tools.close()
     assert (left.state, left.end_cause) == (RunState.ENDED, EndCause.NATURAL)
     assert len(inferences) == 1
     assert [c.actor for c in ThreadCommit.objects.filter(run_id=run_id).order_by("seq")] == [
         "",
         "worker:held",
     ]
-
-
-def test_a_claim_takes_a_batch_for_the_loops_waiting(start):
-    """Workers claim in batches (issue: the hot path, "dispatch without waiting"): one claim
-    takes a run for the loop that asks and one for each loop of the worker waiting for work.
-    The extra runs are held under the worker's heartbeat until a loop takes them (without a
-    statement), and a stopping worker gives back the ones no loop took."""
-    run_ids = [start(text_step()) for _ in range(3)]
-    worker = Worker(worker_id="batch", concurrency=3)
-    worker.waiting = 2  # two loops wait for work
-    with counting() as counted:
-        first = worker.take()
-    assert first is not None
-    held = {taken.run_id for taken in worker.claimed}
-    assert {first.run_id, *held} == set(run_ids)
-    assert set(worker.heartbeat.held) == held
-    assert {run_row(run_id).lease_owner for run_id in run_ids} == {"batch"}
-    if connection.vendor == "postgresql":
-        assert counted.statements == 1
-    with counting() as counted:
-        second = worker.take()
-    assert second is not None and second.run_id in held
-    assert counted.statements == 0
-    worker.give_back()
-    (left,) = held - {second.run_id}
-    assert (run_row(left).lease_owner, run_row(left).claims) == (None, 0)
-    assert left not in worker.heartbeat.held
-    assert claim("next").run_id == left  # runnable again at once
 
 
 def test_a_batch_claim_skips_runs_other_workers_hold(start):

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from runtime.errors import LeaseLost
-from runtime.loop import RunDriver
+from runtime.loop import drive_inline
 from runtime.models import LedgerEffect, MessageRecord, Run
 from runtime.worker import claim
 from tests.runtime.support import (
@@ -126,12 +126,12 @@ def test_stale_lease_is_fenced_before_any_effect(start, work_inline):
     seen = commit_count(thread_id)
 
     with pytest.raises(LeaseLost):
-        RunDriver(run_id, lease=stale.lease, should_stop=lambda: False).drive()
+        drive_inline(run_id, lease=stale.lease)
     assert commit_count(thread_id) == seen
     assert not LedgerEffect.objects.exists()
     assert not MessageRecord.objects.filter(run_id=run_id, role="assistant").exists()
 
-    RunDriver(run_id, lease=fresh.lease, should_stop=lambda: False).drive()
+    drive_inline(run_id, lease=fresh.lease)
     assert run_row(run_id).end_cause == "natural"
     (call,) = calls(run_id)
     assert applied(call) == 1

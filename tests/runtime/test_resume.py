@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from runtime.demo.agent import ask_input
 from runtime.documents import run_document
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.errors import (
@@ -267,3 +268,27 @@ def test_cli_refusals_write_nothing(awaiting, command):
         done = command("runtime_resume", run_id, *args)
         assert (done.returncode, error in done.stderr) == (1, True), done.stderr
         assert commit_count(thread_id) == seen
+
+
+def test_ask_input_without_a_schema_says_nothing_was_asked_and_why(start, work_inline):
+    """Issue 21, item 7: such a run ended ``natural`` with pydantic's "Field required" as the
+    only trace. The call completes at once with an error result that says no input was asked
+    and names the missing argument; no ticket is opened; the next step sees it."""
+    run_id = start(tool_step(("ask_input", {"question": "How many?"})), text_step("asked"))
+    work_inline()
+    (call,) = calls(run_id)
+    assert (call.phase, call.is_error, call.attempt) == ("completed", True, 0)
+    assert call.result == (
+        "invalid arguments for ask_input: (root): no input was asked: answer_schema is"
+        " required, the JSON schema the person's answer must match (for free text:"
+        ' {"type": "string"})'
+    )
+    assert not Ticket.objects.filter(run_id=run_id).exists()
+    assert (run_row(run_id).state, run_row(run_id).end_cause) == ("ended", "natural")
+    assert_log_sound(run_id)
+
+
+def test_ask_input_tells_the_model_that_answer_schema_is_required():
+    schema = ask_input.parameters
+    assert schema["required"] == ["question", "answer_schema"]
+    assert "for free text" in schema["properties"]["answer_schema"]["description"]

@@ -1,6 +1,7 @@
 """Create the first operator: ``manage.py runtime_bootstrap [--username U] [--password P]``.
 
-Only when no user exists yet, so running it again is harmless. The operator is staff: it may
+Only when no user exists yet, so running it again is harmless. The username is held to
+Django's username validator (a refusal exits 2). The operator is staff: it may
 manage users and groups in ``/admin/`` and view the runtime's tables there (read only).
 Without ``--password`` a random password is generated and printed once.
 """
@@ -11,11 +12,12 @@ import secrets
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.db.models import Q
 
 from console.management.groups import ensure_groups
+from console.management.users import clean_username
+from runtime.management.base import RuntimeCommand
 
 # The bootstrap operator manages who may do what (users and groups) in /admin/, and may look
 # at the runtime's tables there (read only: runtime/admin.py).
@@ -35,7 +37,7 @@ def admin_permissions() -> list[Permission]:
     )
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Create the first operator (user 'operator' in group operators) when no user exists."
 
     def add_arguments(self, parser):
@@ -44,9 +46,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         User = get_user_model()
-        username = options["username"].strip()
-        if not username:
-            raise CommandError("--username must not be empty")
+        username = clean_username(options["username"], "--username")
         password = options["password"] or secrets.token_urlsafe(12)
         with transaction.atomic():
             if User.objects.exists():

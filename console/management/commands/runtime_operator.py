@@ -1,7 +1,8 @@
 """Make USERNAME an operator: ``manage.py runtime_operator USERNAME [--password P]``.
 
 Creates the user when it does not exist (with a random password printed once, unless
-``--password`` is given) and adds it to the operators group.
+``--password`` is given) and adds it to the operators group. USERNAME is held to the user
+model's rules (Django's username validator and length); a refusal exits 2.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import secrets
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from console.management.groups import ensure_groups
+from console.management.users import clean_username
+from runtime.management.base import RuntimeCommand
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Create a user or add an existing one to the operators group."
 
     def add_arguments(self, parser):
@@ -24,9 +26,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         User = get_user_model()
-        username = options["username"].strip()
-        if not username:
-            raise CommandError("USERNAME must not be empty")
+        username = clean_username(options["username"])
         with transaction.atomic():
             groups = ensure_groups()
             user = User.objects.filter(username=username).first()

@@ -47,12 +47,14 @@ import psycopg
 from channels.routing import get_default_application
 from daphne.server import Server
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from console.consumers import max_message_bytes
 from console.health import check_migrations
 from runtime.db import open_pool
-from runtime.worker import Worker
+from runtime.management.base import RuntimeCommand
+from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
 
 MAX_AUTO_PROCESSES = 4
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -110,7 +112,7 @@ def first_socket(host: str, port: int, processes: int) -> socket.socket:
     return listening_socket(address[0], address[1], family=family, reuse_port=True)
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Serve the console and API with daphne (several processes), with an in-process worker."
 
     def add_arguments(self, parser):
@@ -124,20 +126,25 @@ class Command(BaseCommand):
         parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a child's inherited socket
         parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # a child's first process
         parser.add_argument(
-            "--concurrency",
+            "--max-inflight",
             type=int,
-            default=2,
-            help="runs the in-process worker drives at once (default 2)",
+            default=DEFAULT_MAX_INFLIGHT,
+            help=f"runs the in-process worker drives at once (default {DEFAULT_MAX_INFLIGHT})",
         )
+        parser.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
         parser.add_argument(
             "--no-worker",
             action="store_true",
             help="serve only; run `manage.py runtime_worker` separately",
         )
 
-    def handle(self, *args, host, port, processes, fd, parent, concurrency, no_worker, **options):
-        if concurrency < 1:
-            raise CommandError("--concurrency must be at least 1")
+    def handle(
+        self, *args, host, port, processes, fd, parent, max_inflight, concurrency, no_worker, **o
+    ):
+        if concurrency is not None:
+            raise CommandError("--concurrency is replaced by --max-inflight N")
+        if max_inflight < 1:
+            raise CommandError("--max-inflight must be at least 1")
         count = self.process_count(processes)
         if fd is not None:  # a child: serve the address the first process bound
             die_with(parent)
@@ -153,7 +160,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, self.stop_early)
         worker, worker_thread = None, None
         if not no_worker:
-            worker = Worker(concurrency=concurrency)
+            worker = Worker(max_inflight=max_inflight, shares_process=True)
             worker_thread = threading.Thread(target=worker.run, name="worker", daemon=True)
             worker_thread.start()
             self.stdout.write(f"worker {worker.worker_id}: running in-process")
@@ -234,12 +241,29 @@ class Command(BaseCommand):
         why and stops; without this the command would exit 0 and no supervisor restart it)."""
         open_pool()  # before the first request, in every process
         name_address_families()
+        limit = max_message_bytes()
         server = Server(
-            application=get_default_application(), endpoints=endpoints, signal_handlers=True
+            application=get_default_application(),
+            endpoints=endpoints,
+            signal_handlers=True,
+            websocket_max_message_size=limit,
+            websocket_max_frame_size=limit,
         )
+        # The reactor daphne.server installed (importing it any earlier would install another).
+        from twisted.internet import reactor
+
+        reactor.callWhenRunning(close_oversized_sockets, server)
         server.run()
         if not server.listening_addresses:
             raise CommandError(f"daphne could not listen on {endpoints}; see the error above")
+
+
+def close_oversized_sockets(server: Server) -> None:
+    """Make daphne fail a WebSocket connection with a close frame instead of dropping it
+    (autobahn's ``failByDrop``, on for servers): a message over the size limit gets 1009
+    ("message too big"), a text frame that is not UTF-8 1007, so a client learns why. Called
+    once the reactor runs, when ``server.run`` has made its WebSocket factory."""
+    server.ws_factory.setProtocolOptions(failByDrop=False)
 
 
 def database_problem() -> str | None:

@@ -9,14 +9,15 @@ characters shown in the console, or the whole token) matches; ``--list`` lists t
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from console.models import ApiToken, token_digest
+from runtime.management.base import RuntimeCommand
 
 NAME_MAX = 100  # ApiToken.name's max_length
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Issue (print once), revoke or list a user's personal API tokens."
 
     def add_arguments(self, parser):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand
-
+from runtime.management.base import RuntimeCommand
 from runtime.models import LedgerEffect
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Print every effect the demo tools applied, with how many times each was applied."
 
     def add_arguments(self, parser):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import getpass
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from runtime.errors import CommittedUnread, RuntimeFault
+from runtime.management.base import RuntimeCommand
 from runtime.operations import cancel
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Cancel a run (an ended run keeps its terminus) and print its state."
 
     def add_arguments(self, parser):

@@ -10,14 +10,15 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from runtime import retention
 from runtime.errors import NotFound
+from runtime.management.base import RuntimeCommand
 from runtime.models import Run
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Write a thread's commit log (of a run's thread, or --thread) as JSON lines."
 
     def add_arguments(self, parser: Any) -> None:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from runtime import fsck
 from runtime.errors import NotFound
+from runtime.management.base import RuntimeCommand
 from runtime.models import Thread
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Fold each thread's commit log and compare it with the projections (the log checker)."
 
     def add_arguments(self, parser: Any) -> None:

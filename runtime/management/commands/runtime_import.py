@@ -11,13 +11,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from runtime import retention
 from runtime.errors import ImportRefused
+from runtime.management.base import RuntimeCommand
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Load a thread's commit log exported by runtime_export (checked like runtime_fsck)."
 
     def add_arguments(self, parser: Any) -> None:
@@ -32,6 +33,9 @@ class Command(BaseCommand):
                     result = retention.import_thread(lines)
         except OSError as exc:
             raise CommandError(f"cannot read {file}: {exc}", returncode=2) from exc
+        except UnicodeDecodeError as exc:
+            message = f"cannot read {file}: not UTF-8 text ({exc.reason})"
+            raise CommandError(message, returncode=2) from exc
         except ImportRefused as exc:
             raise CommandError(f"not imported: {exc.message}", returncode=1) from exc
         self.stdout.write(

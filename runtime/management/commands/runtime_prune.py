@@ -16,13 +16,14 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from runtime import retention
+from runtime.management.base import RuntimeCommand
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Delete the logs of threads whose runs all ended before a cutoff (keeps what matters)."
 
     def add_arguments(self, parser: Any) -> None:

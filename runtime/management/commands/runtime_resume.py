@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import getpass
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from runtime.crash import crash_point
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.errors import CommittedUnread, RuntimeFault
+from runtime.management.base import RuntimeCommand
 from runtime.models import Ticket
 from runtime.operations import resume
 from runtime.untrusted import UntrustedJSONError, is_id, parse_json
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Answer a run's open ticket and print the run's state."
 
     def add_arguments(self, parser):

@@ -11,13 +11,14 @@ import json
 from textwrap import shorten
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from runtime.documents import run_document
 from runtime.errors import NotFound
+from runtime.management.base import RuntimeCommand
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Print the committed state of a run (the run document with --json)."
 
     def add_arguments(self, parser):

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import getpass
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from runtime.errors import RuntimeFault
+from runtime.management.base import RuntimeCommand
 from runtime.operations import start_run
 from runtime.untrusted import UntrustedJSONError, parse_json
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Start a run on a new thread (or --thread) and print its id."
 
     def add_arguments(self, parser):
@@ -36,5 +37,5 @@ class Command(BaseCommand):
                 actor=f"cli:{getpass.getuser()}",
             )
         except RuntimeFault as exc:
-            raise CommandError(f"{exc.code}: {exc.message} {exc.detail or ''}") from exc
+            raise CommandError(f"{exc.code}: {exc.message}") from exc
         self.stdout.write(run_id)

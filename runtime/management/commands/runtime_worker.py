@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from runtime import metrics
 from runtime.crash import check_environment
-from runtime.worker import Worker
+from runtime.management.base import RuntimeCommand
+from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "Claim runnable runs and drive them. First SIGTERM/SIGINT stops gracefully."
 
     def add_arguments(self, parser):
@@ -21,11 +23,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--worker-id", help="this worker's id (default host:pid)")
         parser.add_argument(
-            "--concurrency",
+            "--max-inflight",
             type=int,
-            default=1,
-            help="runs driven at once, each on its own thread (default 1)",
+            default=DEFAULT_MAX_INFLIGHT,
+            help=f"runs driven at once on one event loop (default {DEFAULT_MAX_INFLIGHT}); "
+            "a run waiting on its model holds no thread and no database connection",
         )
+        parser.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
         parser.add_argument(
             "--metrics-port",
             type=int,
@@ -37,9 +41,16 @@ class Command(BaseCommand):
             help="the address --metrics-port listens on (default 127.0.0.1)",
         )
 
-    def handle(self, *args, until_idle, worker_id, concurrency, metrics_port, **options):
-        if concurrency < 1:
-            raise CommandError("--concurrency must be at least 1")
+    def handle(
+        self, *args, until_idle, worker_id, max_inflight, concurrency, metrics_port, **options
+    ):
+        if concurrency is not None:
+            raise CommandError(
+                "--concurrency is replaced by --max-inflight N (runs driven at once on one "
+                "event loop; the database connections are RUNTIME_WORKER_DB_CONNECTIONS)"
+            )
+        if max_inflight < 1:
+            raise CommandError("--max-inflight must be at least 1")
         if metrics_port is not None:
             self.serve_metrics(metrics_port, options["metrics_addr"])
         try:
@@ -48,7 +59,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if crash_at:
             self.stderr.write(f"RUNTIME_CRASH_AT={crash_at}: this worker will exit there")
-        worker = Worker(worker_id=worker_id, concurrency=concurrency, until_idle=until_idle)
+        worker = Worker(worker_id=worker_id, max_inflight=max_inflight, until_idle=until_idle)
 
         def on_signal(signum, frame):
             if worker.stopping.is_set():  # a second signal: leave now
@@ -58,7 +69,7 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        self.stderr.write(f"worker {worker.worker_id}: started (concurrency {concurrency})")
+        self.stderr.write(f"worker {worker.worker_id}: started (max in flight {max_inflight})")
         worker.run()
         self.stderr.write(f"worker {worker.worker_id}: stopped")
 

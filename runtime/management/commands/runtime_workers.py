@@ -18,10 +18,10 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand
 from django.utils import timezone
 
 from runtime import inventory, registry
+from runtime.management.base import RuntimeCommand
 
 
 def _iso(value: Any) -> str | None:
@@ -50,7 +50,7 @@ def worker_documents(stale_only: bool = False) -> list[dict[str, Any]]:
     return [d for d in documents if d["status"] == "stale"] if stale_only else documents
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = "List the registered workers, flag stale ones, and show the runs each holds."
 
     def add_arguments(self, parser: Any) -> None:

@@ -4,6 +4,7 @@ gates honoured, sessions closed with the claim."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -85,20 +86,23 @@ def test_the_agent_offers_its_own_and_the_servers_tools(start, work_inline, effe
     """A request carries the agent's tools and every listed MCP tool with its schema."""
     from runtime.mcp.tools import attached
 
-    with attached(registry()["mcp_gated"]) as agent:
-        offered = {t.name: t for t in agent.tools}
-        assert set(offered) == {
-            "effects__lookup_effects",
-            "effects__upsert",
-            "effects__delete",
-            "effects__fail",
-            "effects__find_effect",
-            "effects__mixed",
-        }
-        assert offered["effects__upsert"].parameters["properties"] == {
-            "key": {"title": "Key", "type": "string"}
-        }
-        assert _servers_running() != []
+    async def offered_tools() -> None:
+        async with attached(registry()["mcp_gated"]) as agent:
+            offered = {t.name: t for t in agent.tools}
+            assert set(offered) == {
+                "effects__lookup_effects",
+                "effects__upsert",
+                "effects__delete",
+                "effects__fail",
+                "effects__find_effect",
+                "effects__mixed",
+            }
+            assert offered["effects__upsert"].parameters["properties"] == {
+                "key": {"title": "Key", "type": "string"}
+            }
+            assert _servers_running() != []
+
+    asyncio.run(offered_tools())
     assert _servers_running() == []
 
 

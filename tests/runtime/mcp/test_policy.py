@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from mcp.types import (
     AudioContent,
@@ -188,14 +190,14 @@ def test_a_pinned_call_is_not_sent_to_a_server_whose_identity_changed():
         max_attempts=3,
         source={**source, "target": "mcp-files --root /a", "input_schema": {"type": "object"}},
     )
-    moved = Connection(StdioServer(name="files", command="mcp-files", args=("--root", "/b")), None)
+    moved = Connection(StdioServer(name="files", command="mcp-files", args=("--root", "/b")))
     tool = pinned_tool(call, moved)
     assert (tool.policy, tool.max_attempts, tool.parameters) == (R, 3, {"type": "object"})
     ctx = ToolContext(run_id="r", call_id="c", operation_id="op_1", attempt=2, worker_id="w")
     with pytest.raises(ConnectionLost, match="no longer mcp-files --root /a"):
-        tool.run(ctx, {})
+        asyncio.run(tool.arun(ctx, {}))
     with pytest.raises(ConnectionLost, match="no MCP server 'files' any more"):
-        pinned_tool(call, None).run(ctx, {})
+        asyncio.run(pinned_tool(call, None).arun(ctx, {}))
 
 
 def test_the_assistant_takes_its_servers_from_the_settings(settings):

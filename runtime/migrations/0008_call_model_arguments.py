@@ -66,7 +66,7 @@ def forwards(apps, schema_editor) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runtime", "0006_deleg"),
+        ("runtime", "0007_worker_problem"),
     ]
 
     operations = [

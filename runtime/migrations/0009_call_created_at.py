@@ -16,7 +16,7 @@ FROM_RUN = (
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runtime', '0007_call_model_arguments'),
+        ('runtime', '0008_call_model_arguments'),
     ]
 
     operations = [
