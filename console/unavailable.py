@@ -31,8 +31,15 @@ def page() -> HttpResponse:
     return response
 
 
+def answer(request: HttpRequest) -> HttpResponse:
+    """The 503 for ``request``: the API's JSON error under ``/api/``, the page elsewhere."""
+    if request.path.startswith("/api/"):
+        return fault_response(DatabaseUnavailable())
+    return page()
+
+
 class DatabaseUnavailableMiddleware:
-    """Answer a view that found the database unavailable with ``page()``, not a 500."""
+    """Answer a view that found the database unavailable with ``answer()``, not a 500."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -44,7 +51,7 @@ class DatabaseUnavailableMiddleware:
         if not db.unavailable(exception):
             return None
         log.warning("database unavailable in %s %s: %s", request.method, request.path, exception)
-        return page()
+        return answer(request)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
@@ -52,6 +59,4 @@ def server_error(request: HttpRequest) -> HttpResponse:
     database (the API's JSON error under ``/api/``), Django's own 500 page otherwise."""
     if not db.unavailable(sys.exception() or Exception()):
         return defaults.server_error(request)
-    if request.path.startswith("/api/"):
-        return fault_response(DatabaseUnavailable())
-    return page()
+    return answer(request)

@@ -20,6 +20,7 @@ from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -160,6 +161,15 @@ def install(api: NinjaAPI) -> None:
             return fault_response(DatabaseUnavailable())
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(500, "internal_error", "internal server error")
+
+
+def bad_request_view(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's 400 handler (``handler400``): what Django refuses before any view runs (a
+    Host header it does not serve, say) has the API's error shape under the API's prefix,
+    and Django's own page elsewhere. The reason is not echoed: it may name settings."""
+    if request.path.startswith("/api/"):
+        return error_response(400, "bad_request", "the request is malformed")
+    return defaults.bad_request(request, exception)
 
 
 @csrf_exempt  # the API authenticates by token; a POST to no operation is a 404, not a 403 page
