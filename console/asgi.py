@@ -79,10 +79,13 @@ from channels.layers import get_channel_layer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from console import health  # noqa: E402
+from console import health, oversized  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 
 get_channel_layer()  # made (and its backend imported) now, not by the first stream
+# daphne makes its HTTP factory after it imported this module, whichever command started it
+# (runtime_serve, the Procfile's daphne): a head too large to read is answered 414 / 431.
+oversized.install()
 
 
 async def http_application(scope: dict, receive: Any, send: Any) -> None:

@@ -141,13 +141,20 @@ def env_database(name: str, default: str) -> dj_database_url.DBConfig:
             # the end: without a pool each one opened a new PostgreSQL session, which cost
             # the database more than the queries (issue 12, item 8). Django's pool
             # (psycopg_pool) lends connections instead; a request waits up to `timeout`
-            # seconds when `max_size` are lent. A worker's threads keep theirs for life, on
-            # room the worker adds (runtime.db.reserve_connections).
+            # seconds when `max_size` are lent or the database cannot be reached, then is
+            # answered 503 (issue 21: well below a proxy's timeout). A worker's threads keep
+            # theirs for life, on room the worker adds (runtime.db.reserve_connections).
+            wait = env_number("RUNTIME_DB_POOL_TIMEOUT", 5, minimum=0.1, maximum=300)
             options["pool"] = {
                 "min_size": min(4, pool_size),
                 "max_size": pool_size,
                 "max_idle": 60,
-                "timeout": 30,
+                "timeout": wait,
+                # psycopg_pool retries a failed connect with a doubling delay for this long
+                # (5 minutes by default), and starts no other attempt meanwhile: after an
+                # outage its next try could come minutes after the database is back. Giving
+                # up after one wait lets the next request start a fresh attempt at once.
+                "reconnect_timeout": wait,
             }
             config["CONN_HEALTH_CHECKS"] = True  # a lent connection is checked first
         if options:
@@ -196,6 +203,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "console.unavailable.DatabaseUnavailableMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 

@@ -12,6 +12,7 @@ class RuntimeConfig(AppConfig):
 
         commit_announced.connect(forward_commits, weak=False, dispatch_uid="runtime.live.forward")
         connection_created.connect(replan_after_schema_change, dispatch_uid="runtime.db.replan")
+        connection_created.connect(check_pool_together, dispatch_uid="runtime.db.pool_check")
 
 
 def replan_after_schema_change(sender, connection, **kwargs) -> None:
@@ -21,6 +22,14 @@ def replan_after_schema_change(sender, connection, **kwargs) -> None:
 
     if connection.vendor == "postgresql" and replan_stale not in connection.execute_wrappers:
         connection.execute_wrappers.append(replan_stale)
+
+
+def check_pool_together(sender, connection, **kwargs) -> None:
+    """Have the connection's pool drop every dead idle connection at the first one it finds
+    (runtime.db.check_idle_together)."""
+    from runtime.db import check_idle_together
+
+    check_idle_together(connection)
 
 
 def forward_commits(sender, notice, **kwargs) -> None:

@@ -451,6 +451,7 @@ def _call_record(run_id: str, batch: ToolBatch, call: ToolCall, now: datetime) -
         name=call.name,
         arguments=call.arguments,
         arguments_text=call.arguments_text,
+        model_arguments=call.model_arguments,
         operation_id=call.operation_id,
         policy=call.policy.value,
         permission=call.permission.value,
@@ -468,8 +469,12 @@ def _call_record(run_id: str, batch: ToolBatch, call: ToolCall, now: datetime) -
     )
 
 
-# The columns a call's commit may change; the rest are fixed when its batch opens.
+# The columns a call's commit may change; the rest are fixed when its batch opens. The
+# arguments change once, when an operator approves an edit of them.
 CALL_PROGRESS = (
+    "arguments",
+    "arguments_text",
+    "model_arguments",
     "phase",
     "attempt",
     "approved",

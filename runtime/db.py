@@ -12,7 +12,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, NotSupportedError, connection, connections
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    InterfaceError,
+    NotSupportedError,
+    OperationalError,
+    connection,
+    connections,
+)
 from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Expression, Value
 from django.db.models.functions import Now
@@ -36,6 +43,15 @@ def keep_usable() -> None:
             connection.errors_occurred = False
 
 
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not serve now, so that the same request may
+    succeed when tried again: it could not be reached or no pooled connection came in time
+    (psycopg_pool's PoolTimeout), a statement or lock timeout cancelled the query, the
+    connection was lost or closed, SQLite's file stayed locked. Django raises all of them as
+    OperationalError or InterfaceError; constraint and data errors are the request's own."""
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
 STALE_PLAN = "cached plan must not change result type"
 
 
@@ -57,6 +73,35 @@ def replan_stale(execute, sql, params, many, context):
         # Sent through psycopg, so that it forgets its own names of them too.
         wrapper.connection.execute("DEALLOCATE ALL")
         return execute(sql, params, many, context)
+
+
+def check_idle_together(wrapper: Any) -> None:
+    """Make the connection pool of ``wrapper`` (a Django connection; PostgreSQL's pool, if
+    it has one) test every idle connection as soon as one it was about to lend is dead.
+
+    psycopg_pool tests a connection before lending it and, when the test fails, tries the
+    next one after a delay that doubles each time (0, 1, 2, 4 s, ...). After a restart, a
+    failover or sessions ended by ``pg_terminate_backend`` every idle connection is dead
+    together, and a request walked them until its wait ran out, with the database up (issue
+    21: 500s after 30 s). Testing them all at the first failure (the pool's own ``check()``)
+    drops the dead ones at once, so the next try gets a live or a new connection. The pool
+    keeps its test as ``_check`` and has no other hook before a lend, and Django passes its
+    own test when it makes the pool, so the test is wrapped here, once per pool.
+    """
+    pool: Any = getattr(wrapper, "pool", None)
+    test = getattr(pool, "_check", None)
+    if test is None or getattr(test, "checks_idle_together", False):
+        return
+
+    def test_then_check_idle(conn: Any) -> None:
+        try:
+            test(conn)
+        except Exception:
+            pool.check()
+            raise
+
+    test_then_check_idle.checks_idle_together = True  # type: ignore[attr-defined]
+    pool._check = test_then_check_idle
 
 
 def reserve_connections(count: int) -> None:

@@ -109,6 +109,7 @@ def call_document(call: ToolCallRecord, late: list[LateEvidence] | None = None) 
         "name": call.name,
         "arguments": call.arguments,
         "arguments_text": call.arguments_text,
+        "model_arguments": call.model_arguments,
         "phase": call.phase,
         "attempt": call.attempt,
         "max_attempts": call.max_attempts,

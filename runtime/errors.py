@@ -14,10 +14,28 @@ class RuntimeFault(Exception):
 
     code = "runtime_error"
     status = 400
+    retry_after: int | None = None  # seconds a client should wait before it tries again
 
     def __init__(self, message: str | None = None, **detail: Any) -> None:
         self.message = message or (self.__doc__ or self.code).strip()
         self.detail = detail
+        super().__init__(self.message)
+
+
+class CommittedUnread(Exception):
+    """The command was committed, but the run could not be read after it: read the run, or
+    send the same command again for its answer (nothing is written twice).
+
+    Not a RuntimeFault: nothing was refused. ``run_id`` and ``seq`` (the commit) say what
+    took effect; ``__cause__`` is what failed after it.
+    """
+
+    def __init__(self, *, run_id: str, seq: int) -> None:
+        self.run_id, self.seq = run_id, seq
+        self.message = (
+            f"The command was committed (commit #{seq} of run {run_id}), but the run could not "
+            "be read after it. Read the run, or send the same command again for its answer."
+        )
         super().__init__(self.message)
 
 
@@ -167,6 +185,14 @@ class ScriptRefused(RuntimeFault):
 
     code = "script_refused"
     status = 422
+
+
+class DatabaseUnavailable(RuntimeFault):
+    """The database could not be reached, or did not answer in time; try again shortly."""
+
+    code = "database_unavailable"
+    status = 503
+    retry_after = 2
 
 
 class McpServerUnavailable(RuntimeFault):

@@ -157,8 +157,11 @@ class ToolCallRecord(models.Model):
     index = models.PositiveIntegerField()
     tool_call_id = models.CharField(max_length=200)
     name = models.CharField(max_length=200)
+    # What the call runs with: the model's, or an operator's approved edit, which then keeps
+    # the model's in model_arguments (runtime.domain.model.ToolCall).
     arguments = models.JSONField(null=True, blank=True)
     arguments_text = models.TextField(blank=True, default="")
+    model_arguments = models.JSONField(null=True, blank=True)
     operation_id = models.CharField(max_length=100, unique=True)
     policy = models.CharField(max_length=16)
     permission = models.CharField(max_length=8)
@@ -174,6 +177,9 @@ class ToolCallRecord(models.Model):
     is_error = models.BooleanField(default=False)
     effect_may_have_started = models.BooleanField(default=False)
     batch_finalized = models.BooleanField(default=False)
+    # Set when the call's batch is committed and never changed: lists page on it (with the
+    # id), so a call that changes while a client walks the pages keeps its place.
+    created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -184,7 +190,8 @@ class ToolCallRecord(models.Model):
                 name="call_indeterminate_started",
                 condition=Q(phase="indeterminate", effect_may_have_started=True),
             ),
-            models.Index(fields=["phase", "-updated_at"], name="call_phase_recent"),
+            models.Index(fields=["phase", "-created_at", "-id"], name="call_phase_created"),
+            models.Index(fields=["-created_at", "-id"], name="call_created"),
         ]
 
 

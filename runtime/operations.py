@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
-from runtime import conf, tracing
+from runtime import codec, conf, db, tracing
 from runtime.agents import get_agent
 from runtime.commits import commit
-from runtime.coordinator import read_frontier, read_head, read_run
+from runtime.coordinator import Committed, read_frontier, read_head, read_run
 from runtime.crash import crash_point
 from runtime.delegation import child_run_id
 from runtime.documents import run_document
@@ -52,6 +53,7 @@ from runtime.domain.model import (
     ToolCall,
 )
 from runtime.errors import (
+    CommittedUnread,
     IdempotencyKeyReused,
     InvalidCommit,
     InvalidInput,
@@ -60,15 +62,26 @@ from runtime.errors import (
     RunEnded,
     RuntimeFault,
     ScriptRefused,
+    TicketConsumed,
     VersionConflict,
 )
 from runtime.hooks import has_hook
-from runtime.models import CommandRecord, ReconciliationRecord, Thread, ToolCallRecord, new_id
+from runtime.models import (
+    CommandRecord,
+    ReconciliationRecord,
+    Thread,
+    ThreadCommit,
+    Ticket,
+    ToolCallRecord,
+    new_id,
+)
 from runtime.providers.scripted import parse_script
 from runtime.tools import Tool, ToolArgumentsError
 from runtime.untrusted import UntrustedJSONError, answer_problem, check_storable, is_id
 
 CONFLICT_RETRIES = 5  # a command re-reads and re-decides when a worker commits first
+
+log = logging.getLogger("runtime.operations")
 
 
 def _storable(value: Any, what: str) -> None:
@@ -229,13 +242,14 @@ def _commit_retrying(
     run_id: str,
     build: Callable[[RunView], CommitDraft | None],
     retry_on: tuple[type[RuntimeFault], ...] = (VersionConflict,),
-) -> None:
+) -> Committed | None:
     """Read the committed run and its thread's head in one query, build the draft on them and
     commit it; when a worker commits first (or the commit finds a refusal in ``retry_on``),
     read both again and rebuild.
 
     ``build(run)`` returns the draft (its ``expected_version`` is filled in here), or None
-    when there is nothing to write. Raises what ``build`` or the coordinator raises.
+    when there is nothing to write. Returns the commit, or None when nothing was written.
+    Raises what ``build`` or the coordinator raises.
     """
     thread_id = _committed_run(run_id).thread_id
     for attempt in range(CONFLICT_RETRIES):
@@ -243,13 +257,39 @@ def _commit_retrying(
         assert run is not None
         draft = build(run)
         if draft is None:
-            return
+            return None
         try:
-            commit(replace(draft, expected_version=head.version), head=head, before=run)
-            return
+            return commit(replace(draft, expected_version=head.version), head=head, before=run)
         except retry_on:
             if attempt == CONFLICT_RETRIES - 1:
                 raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _answer(run_id: str, committed: Committed | None, operation: str, actor: str) -> dict[str, Any]:
+    """The run document after an operator's command, the command's answer.
+
+    Once the command's commit is durable (its own transaction, not a caller's), whatever
+    fails after it (the read of the document lost its connection, say) must not answer the
+    command as failed: that raises CommittedUnread naming the commit instead (issue 21).
+    Inside a caller's transaction (an idempotency record) a failure undoes the commit too, so
+    it is raised as it is.
+    """
+    try:
+        tracing.request_linked(operation, run_id, actor=actor)
+        return run_document(run_id)
+    except Exception as exc:
+        if committed is None or connection.in_atomic_block:
+            raise
+        report = log.warning if db.unavailable(exc) else log.exception
+        report(
+            "%s of run %s is committed (seq %s); reading the run after it failed: %s",
+            operation,
+            run_id,
+            committed.seq,
+            exc,
+        )
+        raise CommittedUnread(run_id=run_id, seq=committed.seq) from exc
 
 
 def resume(
@@ -265,7 +305,9 @@ def resume(
     committed ticket decides, seed: "call at Awaiting"), TicketNotAnswerable for an answer to
     a delegation ticket (its child's end answers it) or a timer's deny (a timer only fires),
     InvalidInput when an input answer fails the ticket's JSON schema, IdempotencyKeyReused.
-    Nothing is written on refusal.
+    Nothing is written on refusal. The same command sent again by the same actor, once
+    committed, gets the run document again and writes nothing (with or without a key).
+    Raises CommittedUnread when the command was committed but the run could not be read.
     """
     _require_id(run_id, "run")
     _storable([command.input, command.reason, command.ticket_id], "the command")
@@ -290,29 +332,63 @@ def resume(
                 raise InvalidInput(
                     f"input does not match the ticket's schema: {message}", path=path
                 )
-        event = CallResumed(
-            call_id=run.ticket.call_id,
-            ticket_id=run.ticket.id,
-            decision=command.decision,
-            input=command.input,
-            reason=command.reason,
-            arguments=command.arguments,
-        )
         return CommitDraft(
             thread_id=run.thread_id,
             run_id=run.run_id,
             expected_version=0,  # the head read with the run (_commit_retrying)
             disposition=Disposition.running(),
-            events=(event,),
+            events=(_resumed(run.ticket.call_id, command),),
             actor=actor,
         )
 
     def act() -> dict[str, Any]:
-        _commit_retrying(run_id, build)
-        tracing.request_linked("resume", run_id, actor=actor)
-        return run_document(run_id)
+        try:
+            committed = _commit_retrying(run_id, build)
+        except (TicketConsumed, RunEnded):
+            if not _committed_before(run_id, command, actor):
+                raise
+            committed = None  # the same command, committed before: answered, not re-applied
+        return _answer(run_id, committed, "resume", actor)
 
     return _answered(run_id, idempotency_key, payload, act)
+
+
+def _resumed(call_id: str, command: ResumeCommand) -> CallResumed:
+    """The event that commits ``command`` on the call it answers."""
+    return CallResumed(
+        call_id=call_id,
+        ticket_id=command.ticket_id,
+        decision=command.decision,
+        input=command.input,
+        reason=command.reason,
+        arguments=command.arguments,
+    )
+
+
+def _committed_before(run_id: str, command: ResumeCommand, actor: str) -> bool:
+    """Whether ``command`` itself (its ticket, kind, decision, input, note and arguments) was
+    committed by ``actor``: then sending it again, with or without an idempotency key, gets
+    the committed answer (DESIGN.md, "Repeats are answered, not re-applied"), so a client
+    that never learnt its answer may simply send the command again. Another command on the
+    consumed ticket, or another actor's, is still refused. The log decides: the commit that
+    consumed the ticket must hold this very event.
+    """
+    ticket = (
+        Ticket.objects.filter(id=command.ticket_id, run_id=run_id, state="consumed")
+        .values_list("call_id", "kind", "closed_by", "closed_seq", "run__thread_id")
+        .first()
+    )
+    if ticket is None:
+        return False
+    call_id, kind, closed_by, seq, thread_id = ticket
+    if kind != command.kind.value or closed_by != actor or seq is None:
+        return False
+    events = (
+        ThreadCommit.objects.filter(thread_id=thread_id, seq=seq)
+        .values_list("events", flat=True)
+        .first()
+    )
+    return codec.dump_event(_resumed(call_id, command)) in (events or [])
 
 
 def _check_edited_arguments(run: RunView, call_id: str, arguments: dict[str, Any]) -> None:
@@ -335,8 +411,9 @@ def end_run(
     actor: str = "",
     reason: str = "",
     error: dict[str, Any] | None = None,
-) -> None:
-    """Commit Ended(cause), sealing open calls as Indeterminate; an ended run is left as is."""
+) -> Committed | None:
+    """Commit Ended(cause), sealing open calls as Indeterminate; an ended run is left as is.
+    Returns the commit, or None when the run had already ended."""
 
     def build(run: RunView) -> CommitDraft | None:
         if run.state is RunState.ENDED:
@@ -355,7 +432,7 @@ def end_run(
 
     # An end that lands between this read and the commit is found by the commit as RunEnded:
     # the fresh read then sees the run Ended and leaves it as is (the terminus, never a 409).
-    _commit_retrying(run_id, build, retry_on=(VersionConflict, RunEnded))
+    return _commit_retrying(run_id, build, retry_on=(VersionConflict, RunEnded))
 
 
 def cancel(
@@ -368,16 +445,16 @@ def cancel(
     """Cancel a run; return its terminus (the run document).
 
     One commit to Ended(cancelled) seals every open call; a run already ended gets the same
-    terminus back and nothing is written. Raises NotFound for an unknown run.
+    terminus back and nothing is written. Raises NotFound for an unknown run, and
+    CommittedUnread when the cancel was committed but the run could not be read after it.
     """
 
     _require_id(run_id, "run")
     _storable(reason, "the reason")
 
     def act() -> dict[str, Any]:
-        end_run(run_id, EndCause.CANCELLED, actor=actor, reason=reason)
-        tracing.request_linked("cancel", run_id, actor=actor)
-        return run_document(run_id)
+        committed = end_run(run_id, EndCause.CANCELLED, actor=actor, reason=reason)
+        return _answer(run_id, committed, "cancel", actor)
 
     return _answered(run_id, idempotency_key, {"cancel": reason}, act)
 

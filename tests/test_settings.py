@@ -32,6 +32,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(VAR, raising=False)
     monkeypatch.delenv("RUNTIME_DB_PREPARE", raising=False)
     monkeypatch.delenv("RUNTIME_DB_POOL_SIZE", raising=False)
+    monkeypatch.delenv("RUNTIME_DB_POOL_TIMEOUT", raising=False)
 
 
 # --- env_bool ------------------------------------------------------------------------------
@@ -169,6 +170,21 @@ def test_env_database_postgres_lends_pooled_connections(monkeypatch):
     monkeypatch.setenv("RUNTIME_DB_POOL_SIZE", "-1")
     with pytest.raises(ImproperlyConfigured, match="RUNTIME_DB_POOL_SIZE"):
         env_database(VAR, "sqlite:///unused.sqlite3")
+
+
+def test_env_database_postgres_bounds_the_wait_for_a_pooled_connection(monkeypatch):
+    """A request waits RUNTIME_DB_POOL_TIMEOUT seconds (5) for a connection, then is 503; a
+    failed reconnect gives up as soon, so the next request tries again at once (issue 21)."""
+    monkeypatch.setenv(VAR, "postgres://db.internal/runtime")
+    pool = env_database(VAR, "sqlite:///unused.sqlite3")["OPTIONS"]["pool"]
+    assert (pool["timeout"], pool["reconnect_timeout"]) == (5, 5)
+    monkeypatch.setenv("RUNTIME_DB_POOL_TIMEOUT", "2.5")
+    pool = env_database(VAR, "sqlite:///unused.sqlite3")["OPTIONS"]["pool"]
+    assert (pool["timeout"], pool["reconnect_timeout"]) == (2.5, 2.5)
+    for bad in ("0", "-1", "soon", "nan", "301"):
+        monkeypatch.setenv("RUNTIME_DB_POOL_TIMEOUT", bad)
+        with pytest.raises(ImproperlyConfigured, match="RUNTIME_DB_POOL_TIMEOUT"):
+            env_database(VAR, "sqlite:///unused.sqlite3")
 
 
 @pytest.mark.parametrize(

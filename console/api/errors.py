@@ -3,7 +3,10 @@
 The runtime's typed faults (``RuntimeFault``: ``.code``, ``.status``, ``.message``,
 ``.detail``) and the API's own refusals map to responses here, once; django-ninja's validation
 errors, HTTP errors and 404s, unknown paths, wrong methods and unexpected exceptions too, so a
-client never sees another error shape.
+client never sees another error shape. A database that cannot serve the request (unreachable,
+no pooled connection in time, a statement or lock timeout) is 503 ``database_unavailable``
+with ``Retry-After``, never a 500; a command committed before something failed is 202 with
+its commit (``CommittedOut``), never an error.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from console.api.schemas import ErrorOut
-from runtime.errors import RuntimeFault
+from console.api.schemas import CommittedOut, ErrorOut
+from runtime import db
+from runtime.errors import CommittedUnread, DatabaseUnavailable, RuntimeFault
 
 log = logging.getLogger("console.api")
 
@@ -59,6 +64,13 @@ class InvalidCursor(RuntimeFault):
     status = 422
 
 
+class UnsupportedMediaType(RuntimeFault):
+    """A request body is JSON, sent with Content-Type: application/json."""
+
+    code = "unsupported_media_type"
+    status = 415
+
+
 def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "detail": detail or {}}}
 
@@ -73,6 +85,8 @@ def fault_response(fault: RuntimeFault) -> JsonResponse:
     response = error_response(fault.status, fault.code, fault.message, _jsonable(fault.detail))
     if fault.status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="api"'
+    if fault.retry_after is not None:
+        response["Retry-After"] = str(fault.retry_after)
     return response
 
 
@@ -91,8 +105,9 @@ def _body_relative(error: dict[str, Any]) -> dict[str, Any]:
 
 
 def errors(*statuses: int) -> dict[int, type[ErrorOut]]:
-    """The documented error responses of an operation: ``{status: ErrorOut}``."""
-    return dict.fromkeys(statuses, ErrorOut)
+    """The documented error responses of an operation: ``{status: ErrorOut}``, with the 503
+    that any operation answers when the database cannot serve it."""
+    return dict.fromkeys((*statuses, 503), ErrorOut)
 
 
 def install(api: NinjaAPI) -> None:
@@ -117,6 +132,8 @@ def install(api: NinjaAPI) -> None:
 
     @api.exception_handler(HttpError)
     def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+        if isinstance(exc.__cause__, RuntimeFault):  # ninja wraps what the parser raised
+            return fault_response(exc.__cause__)
         code = HTTP_CODES.get(exc.status_code, "error")
         return error_response(exc.status_code, code, str(exc))
 
@@ -131,10 +148,28 @@ def install(api: NinjaAPI) -> None:
             413, "payload_too_large", f"the request body is over {limit} bytes", {"limit": limit}
         )
 
+    @api.exception_handler(CommittedUnread)
+    def on_committed(request: HttpRequest, exc: CommittedUnread) -> HttpResponse:
+        # The command took effect: never an error. Sending it again gets the run (200).
+        body = CommittedOut(run_id=exc.run_id, seq=exc.seq, message=exc.message)
+        return JsonResponse(body.model_dump(), status=202)
+
     @api.exception_handler(Exception)
     def on_exception(request: HttpRequest, exc: Exception) -> HttpResponse:
+        if db.unavailable(exc):  # a fault of the database, not of the request: 503, retry
+            log.warning("database unavailable in %s %s: %s", request.method, request.path, exc)
+            return fault_response(DatabaseUnavailable())
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(500, "internal_error", "internal server error")
+
+
+def bad_request_view(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's 400 handler (``handler400``): what Django refuses before any view runs (a
+    Host header it does not serve, say) has the API's error shape under the API's prefix,
+    and Django's own page elsewhere. The reason is not echoed: it may name settings."""
+    if request.path.startswith("/api/"):
+        return error_response(400, "bad_request", "the request is malformed")
+    return defaults.bad_request(request, exception)
 
 
 @csrf_exempt  # the API authenticates by token; a POST to no operation is a 404, not a 403 page

@@ -24,6 +24,7 @@ from console.api.schemas import (
     AgentName,
     CancelIn,
     CommitPageOut,
+    CommittedOut,
     EndCauseName,
     Id,
     ResumeIn,
@@ -185,7 +186,7 @@ def _with_committed_run(fault: RuntimeFault, run_id: str) -> RuntimeFault:
 
 @router.post(
     "/{run_id}/resume",
-    response={200: RunOut, **errors(400, 401, 403, 404, 409, 422)},
+    response={200: RunOut, 202: CommittedOut, **errors(400, 401, 403, 404, 409, 422)},
     auth=resume_auth,
     by_alias=True,
     summary="Answer a run's open ticket",
@@ -201,7 +202,12 @@ def resume_run(
 
     A delegation ticket is answered only by its child run's end (409
     ``ticket_not_answerable``, ``detail.child_run_id`` names the child to cancel instead); a
-    timer ticket only fires: ``decision: approve`` fires it now, anything else is refused."""
+    timer ticket only fires: ``decision: approve`` fires it now, anything else is refused.
+
+    The same command sent again by the same user (same ticket, kind, decision, input or
+    result, note and arguments) gets the run again (200) and writes nothing, with or without
+    an ``Idempotency-Key``. 202 ``{committed, run_id, seq, message}``: the command was
+    committed, but the run could not be read after it; send it again for the run."""
     try:
         document = operations.resume(
             run_id, _command(payload), actor=actor(request), idempotency_key=idempotency_key
@@ -213,7 +219,7 @@ def resume_run(
 
 @router.post(
     "/{run_id}/cancel",
-    response={200: RunOut, **errors(400, 401, 403, 404, 422)},
+    response={200: RunOut, 202: CommittedOut, **errors(400, 401, 403, 404, 422)},
     auth=operate_auth,
     by_alias=True,
     summary="Cancel a run",
@@ -225,7 +231,9 @@ def cancel_run(
     idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
     """End the run as cancelled, sealing its open calls; 200 the terminus. A run that has
-    already ended gets the same terminus again, and nothing is written."""
+    already ended gets the same terminus again, and nothing is written. 202 ``{committed,
+    run_id, seq, message}``: the cancel was committed, but the run could not be read after
+    it; send it again for the terminus."""
     document = operations.cancel(
         run_id,
         actor=actor(request),

@@ -78,6 +78,15 @@ class ErrorOut(Schema):
     error: ErrorBody
 
 
+class CommittedOut(Schema):
+    """A command that took effect, whose run could not be read after its commit (202)."""
+
+    committed: Literal[True] = True
+    run_id: str
+    seq: int = Field(description="the command's commit (its sequence in the thread's log)")
+    message: str
+
+
 # -- requests -------------------------------------------------------------------------------------
 
 
@@ -211,8 +220,17 @@ class CallOut(Schema):
     call_id: str
     tool_call_id: str
     name: str
-    arguments: Any = Field(None, description="the parsed arguments, or null when unparsable")
+    arguments: Any = Field(
+        None,
+        description="what the call runs with (an operator's approved edit, or the model's), "
+        "parsed; null when unparsable",
+    )
     arguments_text: str
+    model_arguments: Any = Field(
+        None,
+        description="the model's own arguments when an operator approved an edit of them "
+        "(then `arguments` holds the edit); null otherwise",
+    )
     phase: CallPhaseName
     attempt: int
     max_attempts: int

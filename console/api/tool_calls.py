@@ -63,10 +63,12 @@ def reconciliation_document(record: ReconciliationRecord, run_id: str) -> dict[s
     "",
     response={200: ToolCallPageOut, **errors(401, 403, 422)},
     auth=read_auth,
-    summary="List tool calls, most recently changed first",
+    summary="List tool calls, newest first",
 )
 def list_tool_calls(request: HttpRequest, filters: Query[CallFilters]) -> dict[str, Any]:
-    """Tool calls by phase, each with its run, operation id and recorded reconciliations.
+    """Tool calls by phase, newest first (by when their batch was committed, then id: a key
+    that never changes, so a call that changes while a client walks the pages is neither
+    skipped nor repeated), each with its run, operation id and recorded reconciliations.
     ``phase=indeterminate`` lists only calls whose effect may have started unless ``all``;
     ``unreconciled`` keeps only those no decisive reconciliation (applied / not applied)
     settles (runtime.inventory.unreconciled_calls; "still unknown" leaves a call to check)."""
@@ -82,7 +84,7 @@ def list_tool_calls(request: HttpRequest, filters: Query[CallFilters]) -> dict[s
     if filters.run is not None:
         rows = rows.filter(run_id=filters.run)
     page, next_cursor = keyset_page(
-        rows, cursor=filters.cursor, limit=filters.limit, newest_first=True, field="updated_at"
+        rows, cursor=filters.cursor, limit=filters.limit, newest_first=True
     )
     items = [
         {

@@ -7,6 +7,7 @@ the run page is fed by ``console.consumers`` and is marked unconfirmed.
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -25,7 +26,7 @@ from console.views.tickets import attach_notes, build_card
 from runtime import operations
 from runtime.agents import registry
 from runtime.documents import RUN_SUMMARY_FIELDS, consistent, run_document
-from runtime.errors import NotFound, RuntimeFault
+from runtime.errors import CommittedUnread, NotFound, RuntimeFault
 from runtime.inventory import unreconciled_calls
 from runtime.models import (
     MessageRecord,
@@ -303,6 +304,9 @@ def cancel_run(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     try:
         before = Run.objects.filter(id=run_id).values_list("state", flat=True).first()
         doc = operations.cancel(run_id, actor=actor(request), reason=form.cleaned_data["reason"])
+    except CommittedUnread as done:  # it took effect; only the read after it failed
+        messages.success(request, f"Run cancelled (commit #{done.seq}).")
+        return redirect("console:run", run_id=run_id)
     except NotFound as exc:
         raise Http404(str(exc)) from exc
     except RuntimeFault as exc:
@@ -400,7 +404,8 @@ def bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
     reason = request.POST.get("reason", "")[:500]
     cancelled = 0
     for run_id in rows.order_by("created_at").values_list("id", flat=True)[:BULK_CANCEL_MAX]:
-        operations.cancel(run_id, actor=actor(request), reason=reason)
+        with suppress(CommittedUnread):  # cancelled; only the read after it failed
+            operations.cancel(run_id, actor=actor(request), reason=reason)
         cancelled += 1
     messages.success(request, f"Cancelled {cancelled} run{'s' if cancelled != 1 else ''}.")
     return redirect(f"{reverse('console:runs')}?{urlencode(query)}")

@@ -29,6 +29,7 @@ from runtime.agents import registry
 from runtime.domain.commit import check_operator_decision
 from runtime.domain.model import OPERATOR_DECISIONS, Decision, ResumeCommand, TicketKind
 from runtime.errors import (
+    CommittedUnread,
     KindMismatch,
     NotAwaiting,
     RunEnded,
@@ -323,6 +324,10 @@ def answer(request: HtmxHttpRequest, ticket: Ticket, post: Any) -> tuple[TicketC
             actor=actor(request),
             idempotency_key=f"console:{actor(request)}:{card.key}" if key else None,
         )
+    except CommittedUnread as done:  # it took effect; only the read after it failed
+        card.done, card.answer_form = True, None
+        card.notice = f"{PAST[decision.value].capitalize()} (commit #{done.seq})."
+        return card, 200
     except CLOSED_FAULTS:
         card.notice = closed_notice(ticket)
         card.answer_form = None

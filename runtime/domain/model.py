@@ -170,7 +170,9 @@ class ToolCall:
     """One durable tool call of a batch, with its pinned policy and permission.
 
     ``arguments`` is the parsed JSON object when the model's text parsed, else None and
-    ``arguments_text`` keeps the raw text; ``attempt`` counts committed executor attempts.
+    ``arguments_text`` keeps the raw text: what the tool runs with, which is an operator's
+    edit once one was approved; ``model_arguments`` then keeps the model's own (None while
+    nobody edited them). ``attempt`` counts committed executor attempts.
     ``approved`` is set when a matching approval was committed and the call has not yet
     started executing. ``effect_may_have_started`` tells an Indeterminate call sealed from
     Executing (needs reconciliation) from one sealed before any attempt. ``source`` is where
@@ -199,6 +201,7 @@ class ToolCall:
     source: JSON = field(default_factory=lambda: {"kind": "python"})
     child_run_id: str | None = None
     woken_at: str | None = None
+    model_arguments: JSON | None = None
 
     @property
     def detached(self) -> bool:

@@ -105,15 +105,27 @@ def resume_call(
 ) -> ToolCall:
     """Apply a validated resume: approve stays Awaiting (approved, with the operator's
     ``arguments`` if edited), deny / input / respond complete. ``woken_at`` is the due time
-    of a fired timer, which the next attempt's ToolContext sees."""
+    of a fired timer, which the next attempt's ToolContext sees.
+
+    An edit replaces ``arguments`` and ``arguments_text`` (what the tool runs with) and keeps
+    the model's own in ``model_arguments``. The text is written with sorted keys: the log's
+    JSON may come back with its keys in another order (PostgreSQL's jsonb), and a fold of it
+    must write the same text again.
+    """
     if call.phase is not A or call.ticket_id != ticket_id or call.approved:
         raise _refuse(call, X, f"the call is not awaiting ticket {ticket_id}")
     if decision is Decision.APPROVE:
         woken = woken_at or call.woken_at
         if arguments is not None:
-            text = json.dumps(arguments, ensure_ascii=False)
             return replace(
-                call, approved=True, arguments=arguments, arguments_text=text, woken_at=woken
+                call,
+                approved=True,
+                arguments=arguments,
+                arguments_text=json.dumps(arguments, sort_keys=True, ensure_ascii=False),
+                model_arguments=(
+                    call.arguments if call.model_arguments is None else call.model_arguments
+                ),
+                woken_at=woken,
             )
         return replace(call, approved=True, woken_at=woken)
     return complete(call, result, is_error=decision is Decision.DENY)

@@ -119,3 +119,13 @@ def test_the_docs_are_browsable():
     response = Client().get("/api/v1/docs")
     assert response.status_code == 200
     assert b"swagger" in response.content.lower()
+
+
+def test_a_request_django_refuses_before_any_view_has_the_error_shape(api):
+    """A Host header Django does not serve (an empty one, as a fuzzer sends) is refused before
+    the API sees the request: still the API's JSON error, not Django's HTML page."""
+    response = api.client.post(
+        "/api/v1/threads", "{}", content_type="application/json", headers={"host": ""}
+    )
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "bad_request"

@@ -115,11 +115,10 @@ def test_a_decision_the_kind_does_not_take_is_409_kind_mismatch(api, awaiting):
     assert error["detail"]["allowed"] == ["deny", "input"]
 
 
-def test_a_consumed_ticket_is_409_ticket_consumed(api, awaiting):
+def test_a_consumed_ticket_is_409_ticket_consumed_to_another_command(api, awaiting):
     run = awaiting("approval")
-    body = answer(run, decision="approve")
-    assert api.post(f"/runs/{run['id']}/resume", body).status_code == 200
-    refused(api, run, body, "ticket_consumed")
+    assert api.post(f"/runs/{run['id']}/resume", answer(run, decision="approve")).status_code == 200
+    refused(api, run, answer(run, decision="deny"), "ticket_consumed")
 
 
 def test_an_ended_run_is_409_run_ended(api, awaiting):

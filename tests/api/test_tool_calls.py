@@ -63,6 +63,22 @@ def test_tool_calls_page(api, awaiting):
     assert len(ids) == len(set(ids)) == 3
 
 
+def test_a_call_that_changes_while_a_client_pages_is_neither_skipped_nor_repeated(api, awaiting):
+    """Issue 21, item 10b: pages follow the calls' creation (newest first), which never
+    changes; paging on the time of the last change skipped a call that changed mid-walk."""
+    runs = [awaiting("approval") for _ in range(3)]  # calls A, B, C, created in this order
+    a, b, c = (run["ticket"]["call_id"] for run in runs)
+    page = api.get("/tool-calls", limit=1).json()
+    seen = [item["call_id"] for item in page["items"]]
+    middle = runs[1]  # B changes between two page reads (its approval is committed)
+    body = {"ticket_id": middle["ticket"]["id"], "kind": "approval", "decision": "approve"}
+    assert api.post(f"/runs/{middle['id']}/resume", body).status_code == 200
+    while page["next_cursor"] is not None:
+        page = api.get("/tool-calls", limit=1, cursor=page["next_cursor"]).json()
+        seen += [item["call_id"] for item in page["items"]]
+    assert seen == [c, b, a]
+
+
 def test_reconciliation_records_an_audited_fact(api, sealed):
     (run, call_id) = sealed["started"]
     before = commit_count()

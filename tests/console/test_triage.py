@@ -290,7 +290,8 @@ def test_approve_with_edited_arguments_keeps_the_models_beside_them(approver, ap
     (call,) = read_run(run.run_id).batches[-1].calls
     assert call.approved and call.arguments == {"key": "invoice-43"}  # what the worker runs
     record = ToolCallRecord.objects.get(id=call.call_id)
-    assert record.arguments == {"key": "invoice-42"}  # the model's, on record
+    assert record.arguments == {"key": "invoice-43"}  # the projection agrees with the fold
+    assert record.model_arguments == {"key": "invoice-42"}  # the model's, on record
     html = approver.get(reverse("console:run", args=[run.run_id])).content.decode()
     assert "Arguments edited by <b>abe</b>" in html and "invoice-43" in html
     assert "invoice-42" in html

@@ -208,6 +208,17 @@ def test_resume_call(decision, phase, approved, is_error):
     assert (resumed.phase, resumed.approved, resumed.is_error) == (phase, approved, is_error)
 
 
+def test_an_edit_runs_instead_of_the_models_arguments_which_stay_beside_it():
+    call = replace(call_in(A), approved=False, arguments={"key": "m"}, arguments_text='{"key":"m"}')
+    edit = {"z": 1, "key": "edited"}
+    resumed = t.resume_call(call, "t1", Decision.APPROVE, "", edit)
+    assert (resumed.arguments, resumed.model_arguments) == (edit, {"key": "m"})
+    # Sorted keys: a fold of the log (whose JSON may come back reordered) writes the same text.
+    assert resumed.arguments_text == '{"key": "edited", "z": 1}'
+    unedited = t.resume_call(call, "t1", Decision.APPROVE, "")
+    assert (unedited.arguments, unedited.model_arguments) == ({"key": "m"}, None)
+
+
 @pytest.mark.parametrize(
     "call",
     [

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from runtime.demo.agent import ask_input
+from runtime.documents import run_document
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.errors import (
     IdempotencyKeyReused,
@@ -122,16 +123,37 @@ def test_refused_resumes_write_nothing(awaiting):
 
 
 @pytest.mark.parametrize("step", [ASK, APPROVE], ids=["input", "approval"])
-def test_consumed_ticket_is_refused(awaiting, step):
+def test_consumed_ticket_is_refused_to_any_other_command(awaiting, step):
     run_id, ticket = awaiting(step)
     thread_id = run_row(run_id).thread_id
-    resume(run_id, _command(ticket))
+    resume(run_id, _command(ticket), actor="op")
     seen = commit_count(thread_id)
-    with pytest.raises(TicketConsumed):
-        resume(run_id, _command(ticket))
-    with pytest.raises(TicketConsumed):  # whatever the answer
-        resume(run_id, _command(ticket, decision=Decision.DENY, input=None))
+    with pytest.raises(TicketConsumed):  # another answer
+        resume(run_id, _command(ticket, decision=Decision.DENY, input=None), actor="op")
+    with pytest.raises(TicketConsumed):  # another note
+        resume(run_id, _command(ticket, reason="changed my mind"), actor="op")
+    with pytest.raises(TicketConsumed):  # the same answer from someone else
+        resume(run_id, _command(ticket), actor="someone-else")
     assert commit_count(thread_id) == seen
+
+
+@pytest.mark.parametrize("step", [ASK, APPROVE], ids=["input", "approval"])
+def test_the_same_command_again_gets_the_committed_answer_without_a_key(
+    awaiting, work_inline, step
+):
+    """Issue 21, item 2: a client that never learnt its answer sends the command again,
+    without an idempotency key: it gets the run document, and nothing is written twice,
+    also after the run has gone on and ended."""
+    run_id, ticket = awaiting(step)
+    thread_id = run_row(run_id).thread_id
+    first = resume(run_id, _command(ticket), actor="op")
+    seen = commit_count(thread_id)
+    again = resume(run_id, _command(ticket), actor="op")
+    assert (again["id"], again["version"], again["state"]) == (run_id, first["version"], "running")
+    assert commit_count(thread_id) == seen
+    work_inline()
+    assert resume(run_id, _command(ticket), actor="op")["end_cause"] == "natural"
+    assert_log_sound(run_id)
 
 
 def test_resume_to_an_ended_run_is_refused(awaiting):
@@ -202,6 +224,32 @@ def test_approval_resumed_then_run_once(awaiting, work_inline, decision):
         assert (call.phase, call.attempt, effects) == ("completed", 1, [call.operation_id])
     else:
         assert (call.phase, call.attempt, call.is_error, effects) == ("completed", 0, True, [])
+    assert_log_sound(run_id)
+
+
+def test_an_edited_approval_runs_the_edit_and_every_projection_says_so(awaiting, work_inline):
+    """Issue 21, item 4: the call's row and the run document show the arguments that ran,
+    the model's beside them, and the log checker finds nothing after the approval or the end."""
+    run_id, ticket = awaiting(APPROVE)  # the model asked for {"key": "k"}
+    resume(run_id, _command(ticket, arguments={"key": "edited-key"}), actor="op")
+    assert_log_sound(run_id)
+    (call,) = calls(run_id)
+    assert (call.arguments, call.model_arguments) == ({"key": "edited-key"}, {"key": "k"})
+    assert call.arguments_text == '{"key": "edited-key"}'
+    work_inline()
+    assert run_row(run_id).end_cause == "natural"
+    assert_log_sound(run_id)
+    assert [effect["key"] for effect in ledger(run_id).values()] == ["edited-key"]
+    (shown,) = run_document(run_id)["batches"][0]["calls"]
+    assert (shown["arguments"], shown["model_arguments"]) == ({"key": "edited-key"}, {"key": "k"})
+
+
+def test_an_approval_without_an_edit_keeps_no_model_arguments(awaiting, work_inline):
+    run_id, ticket = awaiting(APPROVE)
+    resume(run_id, _command(ticket))
+    work_inline()
+    (shown,) = run_document(run_id)["batches"][0]["calls"]
+    assert (shown["arguments"], shown["model_arguments"]) == ({"key": "k"}, None)
     assert_log_sound(run_id)
 
 

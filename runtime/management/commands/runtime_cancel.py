@@ -6,7 +6,7 @@ import getpass
 
 from django.core.management.base import CommandError
 
-from runtime.errors import RuntimeFault
+from runtime.errors import CommittedUnread, RuntimeFault
 from runtime.management.base import RuntimeCommand
 from runtime.operations import cancel
 
@@ -21,6 +21,9 @@ class Command(RuntimeCommand):
     def handle(self, *args, run_id, reason, **options):
         try:
             document = cancel(run_id, actor=f"cli:{getpass.getuser()}", reason=reason)
+        except CommittedUnread as done:  # it took effect; only the read after it failed
+            self.stdout.write(f"run {run_id}: cancelled (commit #{done.seq}); {done.__cause__}")
+            return
         except RuntimeFault as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from exc
         self.stdout.write(f"run {run_id}: {document['state']} ({document['end_cause']})")

@@ -8,7 +8,7 @@ from django.core.management.base import CommandError
 
 from runtime.crash import crash_point
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
-from runtime.errors import RuntimeFault
+from runtime.errors import CommittedUnread, RuntimeFault
 from runtime.management.base import RuntimeCommand
 from runtime.models import Ticket
 from runtime.operations import resume
@@ -56,6 +56,10 @@ class Command(RuntimeCommand):
             document = resume(
                 run_id, command, actor=f"cli:{getpass.getuser()}", idempotency_key=idempotency_key
             )
+        except CommittedUnread as done:  # it took effect; only the read after it failed
+            crash_point("resume_committed")
+            self.stdout.write(f"run {run_id}: committed (commit #{done.seq}); {done.__cause__}")
+            return
         except RuntimeFault as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from exc
         crash_point("resume_committed")

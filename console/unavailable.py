@@ -1,0 +1,62 @@
+"""What the console answers when the database cannot serve a request: a plain 503 page.
+
+``runtime.db.unavailable`` decides what counts (an unreachable database, no pooled connection
+in time, a statement or lock timeout, a lost connection, a locked SQLite file); the API answers
+the same faults with its JSON error (console.api.errors). A view's fault is caught by the
+middleware, quietly (one warning line); a fault anywhere else in the chain (a session saved on
+the way out) reaches Django's 500 handler, which answers the same 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
+from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
+from django.views import defaults
+
+from console.api.errors import fault_response
+from runtime import db
+from runtime.errors import DatabaseUnavailable
+
+log = logging.getLogger("console")
+
+
+def page() -> HttpResponse:
+    """The 503 page, with Retry-After; it reads nothing from the database."""
+    response = HttpResponse(render_to_string("503.html"), status=503)
+    response["Retry-After"] = str(DatabaseUnavailable.retry_after)
+    return response
+
+
+def answer(request: HttpRequest) -> HttpResponse:
+    """The 503 for ``request``: the API's JSON error under ``/api/``, the page elsewhere."""
+    if request.path.startswith("/api/"):
+        return fault_response(DatabaseUnavailable())
+    return page()
+
+
+class DatabaseUnavailableMiddleware:
+    """Answer a view that found the database unavailable with ``answer()``, not a 500."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not db.unavailable(exception):
+            return None
+        log.warning("database unavailable in %s %s: %s", request.method, request.path, exception)
+        return answer(request)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """Django's 500 handler (``handler500``): the 503 answer when what failed was the
+    database (the API's JSON error under ``/api/``), Django's own 500 page otherwise."""
+    if not db.unavailable(sys.exception() or Exception()):
+        return defaults.server_error(request)
+    return answer(request)
