@@ -214,6 +214,43 @@ class ReconcileForm(forms.Form):
         return data
 
 
+class ReconcileFilterForm(forms.Form):
+    """Filters of the Reconcile queue; every field is optional and unknown values are ignored.
+
+    ``older_than`` is in minutes since the call was sealed; ``reason`` is a key of
+    ``runtime.inventory.SEAL_REASONS``; ``run`` is a run id or its prefix.
+    """
+
+    show = forms.ChoiceField(
+        required=False, choices=[("open", "to check"), ("all", "all")], initial="open"
+    )
+    tool = forms.CharField(required=False, max_length=200)
+    agent = forms.CharField(required=False, max_length=100)
+    run = forms.RegexField(required=False, max_length=32, regex=r"^[0-9A-Za-z_-]*$", label="Run")
+    older_than = forms.TypedChoiceField(
+        required=False,
+        label="Age",
+        coerce=int,
+        empty_value=None,
+        choices=[
+            ("", "any age"),
+            ("60", "sealed over 1 h ago"),
+            ("1440", "sealed over 1 day ago"),
+            ("10080", "sealed over 7 days ago"),
+        ],
+    )
+    reason = forms.ChoiceField(required=False, choices=[("", "any reason")])
+    after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from runtime.inventory import SEAL_REASONS
+
+        super().__init__(*args, **kwargs)
+        reason = self.fields["reason"]
+        assert isinstance(reason, forms.ChoiceField)
+        reason.choices = [("", "any reason")] + [(k, v[0]) for k, v in SEAL_REASONS.items()]
+
+
 class TokenForm(forms.Form):
     name = forms.CharField(max_length=100, required=False, help_text="What the token is for.")
 

@@ -166,6 +166,9 @@ class ToolCallRecord(models.Model):
     # Where the tool came from, pinned with the batch: {"kind": "python"} or {"kind": "mcp",
     # "server", "tool", ...} (runtime.domain.model.ToolCall.source).
     source = models.JSONField(default=python_source)
+    # Whether the tool changes anything outside (none | idempotent | once), pinned with the
+    # batch (runtime.domain.model.Effects); "once" for calls logged before it was declared.
+    effects = models.CharField(max_length=16, default="once")
     phase = models.CharField(max_length=16)
     attempt = models.PositiveIntegerField(default=0)
     approved = models.BooleanField(default=False)

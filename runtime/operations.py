@@ -328,7 +328,9 @@ def end_run(
     def build(run: RunView) -> CommitDraft | None:
         if run.state is RunState.ENDED:
             return None
-        events, messages = ending(run, reason or end_cause_reason(cause))
+        # The seal's words say what ended the run, then the operator's reason, if any.
+        why = end_cause_reason(cause) + (f" ({reason})" if reason else "")
+        events, messages = ending(run, why)
         detail = error if error is not None else ({"reason": reason} if reason else None)
         return CommitDraft(
             thread_id=run.thread_id,

@@ -39,6 +39,7 @@ urlpatterns = [
     path("tickets/<id:ticket_id>/", tickets.ticket_detail, name="ticket"),
     path("tickets/<id:ticket_id>/answer/", tickets.answer_ticket, name="answer"),
     path("reconcile/", reconcile.reconciliation, name="reconcile"),
+    path("reconcile/bulk/", reconcile.bulk_not_applied, name="reconcile_bulk"),
     path("reconcile/<id:call_id>/", reconcile.reconcile_call, name="reconcile_call"),
     path("audit/", audit.audit, name="audit"),
     path("workers/", workers.workers, name="workers"),

@@ -21,6 +21,7 @@ from runtime.crash import crash_point
 from runtime.domain.events import BatchOpened, StepCommitted
 from runtime.domain.model import (
     Disposition,
+    Effects,
     EndCause,
     Message,
     Permission,
@@ -250,7 +251,8 @@ def history_blocks(
 
 
 def pin(agent: Agent, index: int, out: ToolCallOut) -> ToolCall:
-    """A Requested call with the policy, permission, budget and source in force now (pinned)."""
+    """A Requested call with the policy, permission, budget, source and effects in force now
+    (pinned)."""
     tool = agent.tool(out.name)
     try:
         arguments: dict[str, Any] | None = parse_object(out.arguments)
@@ -268,4 +270,5 @@ def pin(agent: Agent, index: int, out: ToolCallOut) -> ToolCall:
         permission=agent.permission_for(tool) if tool else Permission.DENY,
         max_attempts=tool.max_attempts if tool else 1,
         source=dict(tool.source) if tool else {"kind": "python"},
+        effects=tool.effects if tool else Effects.ONCE,
     )

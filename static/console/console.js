@@ -185,10 +185,21 @@
     document.querySelectorAll("[data-testid=selected-count]").forEach(function (el) {
       el.textContent = String(n);
     });
+    var r = document.querySelectorAll("#calls input.rc-select:checked").length;
+    document.querySelectorAll("[data-testid=rc-selected-count]").forEach(function (el) {
+      el.textContent = String(r);
+    });
   }
   document.addEventListener("change", function (e) {
-    if (e.target.matches && e.target.matches("input.select")) updateSelected();
+    var all = e.target.matches && e.target.matches("[data-select-all]");
+    if (all) {
+      document.querySelectorAll("#calls input.rc-select").forEach(function (b) { b.checked = e.target.checked; });
+    }
+    if (all || (e.target.matches && e.target.matches("input.select"))) updateSelected();
   });
+  // A bulk answer swaps the cards it answered (out of band): the count follows what is
+  // still selected, never the number sent.
+  document.addEventListener("htmx:afterSettle", updateSelected);
 
   function cards() { return Array.prototype.slice.call(document.querySelectorAll("#tickets .ticket-card")); }
   function currentCard() {
