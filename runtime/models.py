@@ -79,6 +79,7 @@ class Run(models.Model):
     input_line: str
     waits_for: str
     needs_reconciliation: bool
+    holder: Any  # runtime.stuck.Holder | None
 
     objects = RunQuerySet.as_manager()
 

@@ -140,10 +140,37 @@
   });
   document.addEventListener("htmx:sendError", function (e) {
     if (background(e)) {
-      status("down", "The server cannot be reached; retrying.");
+      suspend();
       return;
     }
     flash("The server cannot be reached. Your action was not sent.");
+  });
+
+  // -- an unreachable server: one quiet probe instead of every background read ---------------
+  // Each failed htmx request logs an error, and every list, counter and panel polls: while
+  // the server is down, background reads are held and one probe asks every PROBE_MS; the
+  // moment it answers, the reads resume and the live socket reconnects (issue 22, 8).
+  var PROBE_MS = 2000;
+  var reachable = true, probing = null;
+  function suspend() {
+    status("down", "The server cannot be reached; retrying every " + PROBE_MS / 1000 + " s.");
+    if (!reachable) return;
+    reachable = false;
+    probing = setInterval(probe, PROBE_MS);
+  }
+  function probe() {
+    fetch("/healthz", { cache: "no-store", credentials: "same-origin" }).then(function () {
+      if (reachable) return;
+      reachable = true;
+      clearInterval(probing);
+      probing = null;
+      status("live", "The server answers again; reconnecting the live feed…");
+      document.dispatchEvent(new Event("rt:reachable"));
+      htmx.trigger(document.body, "rt:poll");
+    }, function () {});
+  }
+  document.addEventListener("htmx:beforeRequest", function (e) {
+    if (!reachable && background(e)) e.preventDefault();
   });
   document.addEventListener("htmx:afterSwap", tickTimes);
 
@@ -272,7 +299,7 @@
 
   // -- a WebSocket that reconnects, and polls while it is down -----------------------------
   function socket(path, handlers) {
-    var delay = 1000, poll = null, closed = false;
+    var delay = 1000, poll = null, closed = false, timer = null;
     var url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + path;
     function startPoll() {
       if (poll === null && handlers.onPoll) poll = setInterval(handlers.onPoll, POLL_MS);
@@ -280,8 +307,13 @@
     function stopPoll() { if (poll !== null) { clearInterval(poll); poll = null; } }
     var ws;
     function open() {
+      timer = null;
       try { ws = new WebSocket(url); } catch (err) { startPoll(); return; }
-      ws.onopen = function () { delay = 1000; stopPoll(); if (handlers.onOpen) handlers.onOpen(); };
+      var opened = false;
+      ws.onopen = function () {
+        opened = true; delay = 1000; stopPoll();
+        if (handlers.onOpen) handlers.onOpen();
+      };
       ws.onmessage = function (e) {
         var data;
         try { data = JSON.parse(e.data); } catch (err) { return; }
@@ -292,10 +324,19 @@
         if (e.code === 4404) { status("down", "This run does not exist."); return; }
         if (handlers.onDown) handlers.onDown();
         startPoll();
-        setTimeout(open, delay);
-        delay = Math.min(delay * 2, 15000);
+        // A reconnect that never opened says the server is gone: wait for the probe, which
+        // reconnects the moment it answers, instead of backing off past its return.
+        if (!opened && delay > 1000) { suspend(); return; }
+        timer = setTimeout(open, delay);
+        delay = Math.min(delay * 2, 4000);
       };
     }
+    document.addEventListener("rt:reachable", function () {
+      if (closed || (ws && ws.readyState <= 1)) return;
+      if (timer !== null) clearTimeout(timer);
+      delay = 1000;
+      open();
+    });
     open();
     return { close: function () { closed = true; stopPoll(); if (ws) ws.close(); } };
   }
