@@ -43,14 +43,18 @@ def unreconciled_calls() -> QuerySet[ToolCallRecord]:
     """Indeterminate calls whose effect may have started and that no decisive reconciliation
     (applied / not applied) settles; a "still unknown" record leaves a call unreconciled.
 
-    DESIGN.md "Decisions": only sealed-from-Executing calls need reconciliation.
+    DESIGN.md "Decisions": only sealed-from-Executing calls need reconciliation. A fork's copy
+    of a call (``source.copied_from``, runtime.fork) never ran: its original is the one to
+    check, so the copy is not listed.
     """
     settled = ReconciliationRecord.objects.filter(
         call_id=OuterRef("pk"), outcome__in=DECISIVE_OUTCOMES
     )
-    return ToolCallRecord.objects.filter(
-        phase="indeterminate", effect_may_have_started=True
-    ).exclude(Exists(settled))
+    return (
+        ToolCallRecord.objects.filter(phase="indeterminate", effect_may_have_started=True)
+        .exclude(Exists(settled))
+        .exclude(source__has_key="copied_from")
+    )
 
 
 # Why an Indeterminate call was sealed, by the words its sealing wrote into the published result

@@ -453,3 +453,23 @@ def reconcile(
                 agent=follow_up_agent, input=text, thread_id=thread_id, actor=actor
             )
     return {"call_id": call_id, "outcome": outcome, "seq": done.seq, "follow_up_run_id": follow_up}
+
+
+def fork_run(
+    run_id: str,
+    *,
+    at_step: int,
+    input: str | list[dict[str, Any]] | None = None,
+    actor: str = "",
+) -> str:
+    """Fork ``run_id`` after Step ``at_step`` onto a new thread; return the new run's id.
+
+    The new run's committed history is the source's up to the end of that step (copied,
+    nothing executed again; see runtime.fork), then ``input`` if given; the source is never
+    changed. Raises NotFound, ForkRefused (no such step, or it has not finished) and
+    InvalidCommit (input that cannot be stored).
+    """
+    from runtime import fork
+
+    _require_id(run_id, "run")
+    return fork.fork_run(run_id, at_step=at_step, input=input, actor=actor)

@@ -25,6 +25,7 @@ from console.api.schemas import (
     CancelIn,
     CommitPageOut,
     EndCauseName,
+    ForkIn,
     Id,
     ResumeIn,
     RunIn,
@@ -233,3 +234,25 @@ def cancel_run(
         idempotency_key=idempotency_key,
     )
     return with_active_batch(document)
+
+
+@router.post(
+    "/{run_id}/fork",
+    response={201: RunOut, **errors(400, 401, 403, 404, 409, 422)},
+    auth=operate_auth,
+    by_alias=True,
+    summary="Fork a run from a step onto a new thread",
+)
+def fork_run(request: HttpRequest, run_id: Id, payload: ForkIn) -> Status[Any]:
+    """Start a new run on a new thread whose committed history is this run's up to the end of
+    step ``at_step`` (copied: nothing is executed again), then ``input`` if given; 201 the new
+    run. It names its source in ``metadata.forked_from``; the source is never changed. 409
+    ``fork_refused`` when the run has no such step or it has not finished."""
+    text = payload.input
+    fork = operations.fork_run(
+        run_id,
+        at_step=payload.at_step,
+        input=text if text is None or isinstance(text, str) else [m.model_dump() for m in text],
+        actor=actor(request),
+    )
+    return Status(201, run_out(fork))

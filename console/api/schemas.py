@@ -127,6 +127,16 @@ class RunIn(Schema):
     )
 
 
+class ForkIn(Schema):
+    """Fork a run after one of its steps: the step, and an optional new input the fork's next
+    inference sees after the copied history."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at_step: int = Field(ge=1, le=100_000, description="copy the history to this step's end")
+    input: RunInput | None = None
+
+
 class ResumeIn(Schema):
     """Answer the open ticket: ``decision`` (approve / deny / respond), or ``input``, or
     ``result``.

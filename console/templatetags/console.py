@@ -87,6 +87,12 @@ def event_summary(event: dict[str, Any], calls: dict[str, str] | None = None) ->
             return f"batch of step {event.get('step')} finalized"
         case "ReconciliationRecorded":
             return f"reconciled call {_call(event)}: {label(event.get('outcome'))}"
+        case "RunForked":
+            source = str(event.get("source_run_id", ""))[:8]
+            return (
+                f"forked from run {source} after step {event.get('at_step')} (commits "
+                f"1-{event.get('source_seq')} copied; nothing ran again)"
+            )
     return str(kind)
 
 

@@ -81,9 +81,17 @@ class CallCard:
         return list(self.call.evidence.all())
 
 
+def _started() -> QuerySet[ToolCallRecord]:
+    """Indeterminate calls whose effect may have started; a fork's copies aside (their
+    originals are checked, runtime.fork)."""
+    return ToolCallRecord.objects.filter(
+        phase="indeterminate", effect_may_have_started=True
+    ).exclude(source__has_key="copied_from")
+
+
 def _calls():
     return (
-        ToolCallRecord.objects.filter(phase="indeterminate", effect_may_have_started=True)
+        _started()
         .select_related("run")
         .prefetch_related(
             Prefetch("reconciliations", ReconciliationRecord.objects.order_by("seq")),
@@ -165,8 +173,7 @@ def reconciliation(request: HtmxHttpRequest) -> HttpResponse:
 
 def reconcile_counts() -> dict[str, int]:
     """Indeterminate calls whose effect may have started: unreconciled and reconciled."""
-    calls = ToolCallRecord.objects.filter(phase="indeterminate", effect_may_have_started=True)
-    total = calls.count()
+    total = _started().count()
     pending = unreconciled_calls().count()
     return {"pending_count": pending, "done_count": total - pending}
 

@@ -297,6 +297,8 @@ def run_context(
         "holder": stuck.holders([row]).get(run_id),
         "waiting": stuck.waiting(doc, own),
         "timeline": steps,
+        # Steps a fork may start after: those whose answer (and batch) are committed whole.
+        "finished_steps": [s.step for s in steps if not s.calls or s.finalized_at is not None],
         "forks": _forks(run_id),
         "child_lines": _context_lines([c["id"] for c in doc["children"]])
         if doc["children"]
@@ -319,7 +321,9 @@ def _forks(run_id: str) -> list[Any]:
     return list(
         Run.objects.filter(metadata__forked_from__run_id=run_id)
         .order_by("created_at", "id")
-        .values("id", "state", "end_cause", "created_by", "metadata__forked_from__step")
+        .values(
+            "id", "state", "end_cause", "metadata__forked_from__step", "metadata__forked_from__by"
+        )
     )
 
 
@@ -566,4 +570,29 @@ def run_again(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
         messages.error(request, f"Not started: {exc.message}")
         return redirect("console:run", run_id=run_id)
     messages.success(request, f"Started again as run {new_id[:8]} on the same thread.")
+    return redirect("console:run", run_id=new_id)
+
+
+@needs(OPERATE, write=True)
+def fork_run(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Fork the run after the step the form names (``at_step``), with an optional new input;
+    on success go to the new run, else back to this one saying why (runtime.fork)."""
+    raw = request.POST.get("at_step", "")
+    if not raw.isdigit():
+        messages.error(request, "Not forked: choose the step to fork after.")
+        return redirect("console:run", run_id=run_id)
+    text = request.POST.get("input", "")[:100_000]
+    try:
+        new_id = operations.fork_run(
+            run_id, at_step=int(raw), input=text or None, actor=actor(request)
+        )
+    except NotFound as exc:
+        raise Http404(str(exc)) from exc
+    except RuntimeFault as exc:
+        messages.error(request, f"Not forked: {exc.message}")
+        return redirect("console:run", run_id=run_id)
+    messages.success(
+        request,
+        f"Forked after step {raw} as run {new_id[:8]} on a new thread; nothing ran again.",
+    )
     return redirect("console:run", run_id=new_id)

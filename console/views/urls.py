@@ -34,6 +34,7 @@ urlpatterns = [
     path("runs/<id:run_id>/", runs.run_detail, name="run"),
     path("runs/<id:run_id>/cancel/", runs.cancel_run, name="cancel"),
     path("runs/<id:run_id>/again/", runs.run_again, name="run_again"),
+    path("runs/<id:run_id>/fork/", runs.fork_run, name="fork"),
     path("inbox/", tickets.inbox, name="inbox"),
     path("inbox/bulk/", tickets.bulk_answer, name="bulk_answer"),
     path("tickets/<id:ticket_id>/", tickets.ticket_detail, name="ticket"),

@@ -226,3 +226,38 @@ def test_a_long_run_numbers_its_calls_run_wide(viewer, new_run):
         run.finalize()
     html = viewer.get(reverse("console:run", args=[run.run_id])).content.decode()
     assert 'id="call-n12">call 12<' in html and "call 9: #0 ledger_replay" in html
+
+
+def test_fork_from_a_step_in_the_console(operator, viewer, new_run):
+    """Item 4: the run page forks after a chosen step; both runs link to each other."""
+    run = new_run(input="Record a, then b.")
+    (a,) = run.open_batch({"name": "ledger_once", "arguments": {"key": "a"}})
+    run.execute(a)
+    run.complete(a, '{"recorded": "a"}')
+    run.finalize()
+    (b,) = run.open_batch({"name": "ledger_once", "arguments": {"key": "b"}})
+    run.execute(b)
+    run.complete(b, '{"recorded": "b"}')
+    run.finalize()
+    run.text_step("done", end=True)
+    page = operator.get(reverse("console:run", args=[run.run_id]))
+    assert page.context["finished_steps"] == [1, 2, 3]
+    assert 'action="' + reverse("console:fork", args=[run.run_id]) in page.content.decode()
+    assert 'id="fork"' not in viewer.get(reverse("console:run", args=[run.run_id])).content.decode()
+    url = reverse("console:fork", args=[run.run_id])
+    assert viewer.post(url, {"at_step": "1"}).status_code == 403
+    refused = operator.post(url, {"at_step": "7"}, follow=True)
+    assert (
+        "Not forked: run" in refused.content.decode()
+        and "has no step 7" in refused.content.decode()
+    )
+    response = operator.post(url, {"at_step": "1", "input": "only a, then c"})
+    assert response.status_code == 302
+    fork = Run.objects.exclude(thread_id=Run.objects.get(id=run.run_id).thread_id).get()
+    assert response["Location"] == reverse("console:run", args=[fork.id])
+    html = operator.get(response["Location"]).content.decode()
+    assert 'data-testid="forked-from"' in html and run.run_id[:8] in html
+    assert "forked from run" in html  # the fork point in its commit log
+    assert "only a, then c" in html
+    source = operator.get(reverse("console:run", args=[run.run_id])).content.decode()
+    assert 'data-testid="forks"' in source and fork.id[:8] in source and "by olga" in source
