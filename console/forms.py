@@ -99,8 +99,34 @@ class RunFilterForm(forms.Form):
         ],
     )
     agent = forms.CharField(required=False, max_length=100)
-    q = forms.CharField(required=False, max_length=100, label="Run, thread or operation id")
+    q = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Search",
+        help_text="words in the input, answers or tool arguments; or a run, thread or "
+        "operation id (prefix)",
+    )
     unreconciled = forms.BooleanField(required=False, label="Needs reconciliation")
+    since = forms.DateTimeField(
+        required=False,
+        label="Started from",
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+        help_text="UTC",
+    )
+    until = forms.DateTimeField(
+        required=False,
+        label="Started before",
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+        help_text="UTC",
+    )
+    tool = forms.CharField(required=False, max_length=200, label="Called tool")
+    meta_key = forms.RegexField(
+        required=False, max_length=64, regex=r"^[A-Za-z0-9_.-]*$", label="Metadata key"
+    )
+    meta_value = forms.CharField(required=False, max_length=500, label="Metadata value")
+    parent = forms.RegexField(
+        required=False, max_length=32, regex=r"^[0-9A-Za-z_-]*$", label="Parent run"
+    )
     after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
     top = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
 

@@ -7,7 +7,7 @@ the run page is fed by ``console.consumers`` and is marked unconfirmed.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -22,7 +22,7 @@ from console.models import OPERATE, READ
 from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, render_page
 from console.views.reconcile import mark_corrections
 from console.views.tickets import _context_lines, attach_notes, build_card
-from runtime import operations, stuck
+from runtime import operations, search, stuck
 from runtime.agents import registry
 from runtime.documents import RUN_SUMMARY_FIELDS, consistent, run_document
 from runtime.errors import NotFound, RuntimeFault
@@ -98,6 +98,9 @@ def _row_context(page: list[Run]) -> None:
 
 
 def _filtered(data: dict[str, Any]):
+    """Runs matching the list's filters: state, cause, agent, the reconciliation flag and
+    the search fields (runtime.search: free text or an id prefix in ``q``, a time range, a
+    called tool, a metadata key and value, a parent run)."""
     rows = Run.objects.all()
     if data.get("state"):
         rows = rows.filter(state=data["state"])
@@ -107,14 +110,19 @@ def _filtered(data: dict[str, Any]):
         rows = rows.filter(agent=data["agent"])
     if data.get("unreconciled"):
         rows = rows.filter(id__in=unreconciled_calls().values("run_id"))
-    if q := (data.get("q") or "").strip():
-        by_operation = ToolCallRecord.objects.filter(operation_id__startswith=q)
-        rows = rows.filter(
-            Q(id__startswith=q)
-            | Q(thread__id__startswith=q)
-            | Q(id__in=by_operation.values("run_id"))
-        )
-    return rows
+    key = data.get("meta_key") or ""
+    return search.narrow(
+        rows,
+        search.RunSearch(
+            text=data.get("q") or "",
+            since=data.get("since"),
+            until=data.get("until"),
+            tool=data.get("tool") or "",
+            meta_key=key,
+            meta_value=(data.get("meta_value") or "") if key else "",
+            parent=data.get("parent") or "",
+        ),
+    )
 
 
 def _older_or_same(rows, cursor: tuple[datetime, str], *, inclusive: bool):
@@ -160,7 +168,11 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
     self_params = request.GET.copy()
     if not cursor and page and not top:
         self_params["top"] = _cursor(page[0])
-    filters = {k: v for k, v in data.items() if k not in ("after", "top") and v}
+    filters = {
+        k: v.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if isinstance(v, datetime) else v
+        for k, v in data.items()
+        if k not in ("after", "top") and v
+    }
     chips = {k: v for k, v in filters.items() if k not in ("state", "cause")}
     context = {
         "chip_query": urlencode({k: "on" if v is True else v for k, v in chips.items()}),
@@ -168,6 +180,7 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
         "runs": page,
         "counts": _counts(data),
         "agents": sorted(registry()),
+        "tools": sorted({t.name for a in registry().values() for t in a.tools}),
         "filters": filters,
         "filtered": bool(filters),
         "paged": cursor is not None,

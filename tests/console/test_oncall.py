@@ -261,3 +261,29 @@ def test_fork_from_a_step_in_the_console(operator, viewer, new_run):
     assert "only a, then c" in html
     source = operator.get(reverse("console:run", args=[run.run_id])).content.decode()
     assert 'data-testid="forks"' in source and fork.id[:8] in source and "by olga" in source
+
+
+def test_search_runs_in_the_console(viewer, new_run):
+    """Item 5: free text in input, answers and tool arguments; more filters; keyset pages."""
+    acme = new_run(input="Charge ACME", metadata={"customer": "acme"})
+    acme.open_batch({"name": "ledger_once", "arguments": {"key": "invoice-42"}})
+    other = new_run(input="Refund Globex")
+    other.text_step("Refunded 30 euros.", end=True)
+
+    def shown(**query) -> list[str]:
+        response = viewer.get(reverse("console:runs"), query)
+        assert response.status_code == 200
+        return [r.id for r in response.context["runs"]]
+
+    assert shown(q="acme") == [acme.run_id]
+    assert shown(q="euros") == [other.run_id]
+    assert shown(q="invoice-42") == [acme.run_id]
+    assert shown(q=other.run_id[:8]) == [other.run_id]
+    assert shown(tool="ledger_once") == [acme.run_id]
+    assert shown(meta_key="customer", meta_value="acme") == [acme.run_id]
+    assert shown(since="2000-01-01T00:00", until="2000-01-02") == []
+    assert len(shown(since="2000-01-01T00:00")) == 2
+    html = viewer.get(reverse("console:runs"), {"tool": "ledger_once"}).content.decode()
+    assert "More filters" in html and 'details class="more-filters" open' in html
+    bad = viewer.get(reverse("console:runs"), {"since": "soon"}).content.decode()
+    assert "Not applied: Started from" in bad
