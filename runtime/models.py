@@ -269,6 +269,9 @@ class StreamCheckpoint(models.Model):
     run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="checkpoint")
     step = models.PositiveIntegerField()
     attempt = models.PositiveIntegerField(default=1)
+    # The lease epoch of the claim that streamed it: a late viewer tells its text from a
+    # takeover's, whose deltas start afresh (issue 22, defect 4).
+    claim = models.PositiveIntegerField(null=True, blank=True)
     text = models.TextField(blank=True, default="")
     tool_calls = models.JSONField(default=list, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -140,10 +140,14 @@ def _context(d: RunDriver, step: int, attempt: int) -> InferenceContext:
     from runtime.loop.driver import Abandon
 
     first = [True]
+    streamed = [0]  # characters of text this attempt published: the next text delta's offset
 
     def on_delta(delta: Delta) -> None:
         if d.should_stop():
             raise Abandon()
+        offset = streamed[0] if delta.kind == "text" else None
+        if delta.kind == "text":
+            streamed[0] += len(delta.text or "")
         live.publish_delta(
             d.run_id,
             step=step,
@@ -155,6 +159,9 @@ def _context(d: RunDriver, step: int, attempt: int) -> InferenceContext:
                 "index": delta.index,
                 "name": delta.name,
                 "call_id": delta.call_id,
+                # Where the text goes in the attempt's text: a viewer that started from the
+                # checkpoint skips what it already has (issue 22, defect 4).
+                "offset": offset,
             },
         )
         if first[0]:
@@ -191,7 +198,13 @@ def _save_checkpoint(d: RunDriver, step: int, attempt: int, text: str, calls: li
     process that may also serve viewers (issue 12, item 8). The
     run's lease keeps a second writer away; a lost race is an IntegrityError, logged below.
     """
-    fields = {"step": step, "attempt": attempt, "text": text, "tool_calls": calls}
+    fields = {
+        "step": step,
+        "attempt": attempt,
+        "text": text,
+        "tool_calls": calls,
+        "claim": d.lease.epoch,
+    }
     try:
         stamped = {**fields, "updated_at": timezone.now()}  # update() skips auto_now
         if not StreamCheckpoint.objects.filter(run_id=d.run_id).update(**stamped):

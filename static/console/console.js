@@ -364,7 +364,7 @@
   // -- the run page: committed panels plus the live, unconfirmed stream --------------------
   function startRun(panel) {
     // The stream of one claim of one attempt of one step; any change starts it afresh.
-    var live = { step: 0, attempt: 0, claim: null, text: "", tools: [], seq: 0, last: 0 };
+    var live = { step: 0, attempt: 0, claim: null, text: "", from: null, tools: [], seq: 0, last: 0 };
     var textEl = document.getElementById("live-text");
     var toolsEl = document.getElementById("live-tools");
     var stepEl = document.getElementById("live-step");
@@ -373,6 +373,7 @@
     function ended() { var c = committed(); return c && c.dataset.state === "ended"; }
     function clear(note) {
       live.text = "";
+      live.from = null;  // the offset, in the attempt's text, where live.text starts
       live.tools = [];
       stepEl.textContent = note || "";
       render();
@@ -435,7 +436,17 @@
       }
       live.claim = claim;
       if (d.kind === "text") {
-        live.text += d.text || "";
+        var piece = d.text || "";
+        // A text delta says where it goes (offset): what the checkpoint already gave is
+        // skipped, never shown twice; a gap is marked, never papered over (issue 22, 4).
+        if (typeof d.offset === "number" && live.from !== null) {
+          var have = live.from + live.text.length;
+          if (d.offset + piece.length <= have) { arm(); return; }
+          if (d.offset < have) piece = piece.slice(have - d.offset);
+          else if (d.offset > have) piece = " … " + piece;
+        }
+        live.text += piece;
+        if (typeof d.offset === "number" && live.from === null) live.from = d.offset;
       } else if (d.kind === "tool_call") {
         var t = live.tools[d.index];
         if (!t) t = live.tools[d.index] = { name: "", args: "", whole: !!d.name };
@@ -468,10 +479,12 @@
       if (c && String(m.version) !== c.dataset.version) refresh(c);
       // The stream so far (the worker's checkpoint), so a late viewer sees the opening words.
       if (m.stream && m.stream.text !== undefined && m.version === live.seq) {
-        live.step = m.stream.step; live.attempt = m.stream.attempt; live.claim = null;
+        live.step = m.stream.step; live.attempt = m.stream.attempt;
+        live.claim = m.stream.claim === undefined ? null : m.stream.claim;
         clear("Step " + live.step + ", attempt " + live.attempt + " (unconfirmed; the start is " +
-              "from the worker's last checkpoint, words since then may be missing)");
+              "from the worker's last checkpoint)");
         live.text = m.stream.text;
+        live.from = 0;
         arm();
         render();
       }
