@@ -126,3 +126,16 @@ def test_the_status_line_recovers_at_once_and_the_console_stays_quiet(stack, pag
     down_errors = len(errors)
     assert down_errors <= 12, errors  # about one failed probe every 2 s, not ~5 a second
     expect(page.get_by_test_id("tab-count-inbox")).to_have_text("1")
+
+
+def test_at_200_percent_zoom_the_first_screen_holds_runs(stack, page, sign_in):
+    """Item 8: at 200% zoom (a 1280 x 900 window is 640 x 450 CSS pixels) no run showed."""
+    for n in range(3):
+        off_loop(approval_ticket, f"zoom-{n}")
+    page.set_viewport_size({"width": 640, "height": 450})
+    sign_in(page)
+    page.goto(stack.base_url + "/")
+    first = page.locator("table.runs tbody tr").first
+    expect(first).to_be_visible()
+    box = first.bounding_box()
+    assert box is not None and box["y"] + box["height"] <= 450, box
