@@ -100,6 +100,7 @@ class _StreamSoFar(TypedDict):
     step: int
     attempt: int
     text: str
+    claim: int | None
 
 
 @off_loop
@@ -112,7 +113,7 @@ def _stream_so_far(run_id: str, step: int) -> _StreamSoFar | None:
     """The in-flight step's checkpointed text (unconfirmed), so a late viewer sees its start."""
     return (
         StreamCheckpoint.objects.filter(run_id=run_id, step__gt=step)
-        .values("step", "attempt", "text")
+        .values("step", "attempt", "text", "claim")
         .first()
     )
 
@@ -236,6 +237,7 @@ class RunConsumer(_LiveConsumer):
                 "index": message.get("index", 0),
                 "name": message.get("name"),
                 "call_id": message.get("call_id"),
+                "offset": message.get("offset"),
             }
         )
 

@@ -99,8 +99,34 @@ class RunFilterForm(forms.Form):
         ],
     )
     agent = forms.CharField(required=False, max_length=100)
-    q = forms.CharField(required=False, max_length=100, label="Run, thread or operation id")
+    q = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Search",
+        help_text="words in the input, answers or tool arguments; or a run, thread or "
+        "operation id (prefix)",
+    )
     unreconciled = forms.BooleanField(required=False, label="Needs reconciliation")
+    since = forms.DateTimeField(
+        required=False,
+        label="Started from",
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+        help_text="UTC",
+    )
+    until = forms.DateTimeField(
+        required=False,
+        label="Started before",
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+        help_text="UTC",
+    )
+    tool = forms.CharField(required=False, max_length=200, label="Called tool")
+    meta_key = forms.RegexField(
+        required=False, max_length=64, regex=r"^[A-Za-z0-9_.-]*$", label="Metadata key"
+    )
+    meta_value = forms.CharField(required=False, max_length=500, label="Metadata value")
+    parent = forms.RegexField(
+        required=False, max_length=32, regex=r"^[0-9A-Za-z_-]*$", label="Parent run"
+    )
     after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
     top = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
 
@@ -212,6 +238,43 @@ class ReconcileForm(forms.Form):
         if problem is not None:
             self.add_error("evidence", problem)
         return data
+
+
+class ReconcileFilterForm(forms.Form):
+    """Filters of the Reconcile queue; every field is optional and unknown values are ignored.
+
+    ``older_than`` is in minutes since the call was sealed; ``reason`` is a key of
+    ``runtime.inventory.SEAL_REASONS``; ``run`` is a run id or its prefix.
+    """
+
+    show = forms.ChoiceField(
+        required=False, choices=[("open", "to check"), ("all", "all")], initial="open"
+    )
+    tool = forms.CharField(required=False, max_length=200)
+    agent = forms.CharField(required=False, max_length=100)
+    run = forms.RegexField(required=False, max_length=32, regex=r"^[0-9A-Za-z_-]*$", label="Run")
+    older_than = forms.TypedChoiceField(
+        required=False,
+        label="Age",
+        coerce=int,
+        empty_value=None,
+        choices=[
+            ("", "any age"),
+            ("60", "sealed over 1 h ago"),
+            ("1440", "sealed over 1 day ago"),
+            ("10080", "sealed over 7 days ago"),
+        ],
+    )
+    reason = forms.ChoiceField(required=False, choices=[("", "any reason")])
+    after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from runtime.inventory import SEAL_REASONS
+
+        super().__init__(*args, **kwargs)
+        reason = self.fields["reason"]
+        assert isinstance(reason, forms.ChoiceField)
+        reason.choices = [("", "any reason")] + [(k, v[0]) for k, v in SEAL_REASONS.items()]
 
 
 class TokenForm(forms.Form):

@@ -28,6 +28,7 @@ EVENT_TYPES: dict[str, type] = {
         ev.CallIndeterminate,
         ev.BatchFinalized,
         ev.StateStaged,
+        ev.RunForked,
         ev.ReconciliationRecorded,
     )
 }

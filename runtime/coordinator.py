@@ -457,6 +457,7 @@ def _call_record(run_id: str, batch: ToolBatch, call: ToolCall, now: datetime) -
         permission=call.permission.value,
         max_attempts=call.max_attempts,
         source=call.source,
+        effects=call.effects.value,
         phase=call.phase.value,
         attempt=call.attempt,
         approved=call.approved,

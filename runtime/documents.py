@@ -116,6 +116,7 @@ def call_document(call: ToolCallRecord, late: list[LateEvidence] | None = None) 
         "operation_id": call.operation_id,
         "policy": call.policy,
         "permission": call.permission,
+        "effects": call.effects,
         "source": call.source,
         "approved": call.approved,
         "result": call.result,

@@ -209,6 +209,14 @@ class ImportRefused(RuntimeFault):
     status = 422
 
 
+class ForkRefused(RuntimeFault):
+    """The run cannot be forked at that step (no such step, or it has not finished); nothing
+    was written."""
+
+    code = "fork_refused"
+    status = 409
+
+
 class DelegationRefused(RuntimeFault):
     """The delegation exceeds a limit (depth or children per batch); no child was started."""
 

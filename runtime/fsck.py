@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 from runtime import codec, coordinator, staging
 from runtime.agents import get_agent
 from runtime.domain.commit import CommitDraft, FoldedThread, fold
-from runtime.domain.events import CallResumed, ChildStarted, RunActivated
+from runtime.domain.events import CallResumed, ChildStarted, RunActivated, RunForked
 from runtime.domain.model import RunState, RunView, ToolBatch, ToolCall
 from runtime.errors import InvalidCommit, NotFound, RuntimeFault, UnknownAgent
 from runtime.models import (
@@ -90,6 +90,7 @@ def check_thread(thread_id: str) -> list[Violation]:
     _compare_tickets(found, folded, log)
     _compare_messages(found, folded)
     _compare_reconciliations(found, folded)
+    _compare_forks(found, log)
     return found.violations
 
 
@@ -118,6 +119,7 @@ class _Log:
         self.thread_id = thread_id
         self.seq = 0  # the commit being read; the fold's refusal is about this one
         self.activations: dict[str, tuple[Any, str]] = {}
+        self.forks: list[tuple[int, str, RunForked, str]] = []  # (seq, run id, event, actor)
         self.tickets: dict[str, dict[str, Any]] = {}
         self._open: dict[str, set[str]] = {}  # run id -> its open ticket ids
 
@@ -164,6 +166,8 @@ class _Log:
         for event in draft.events:
             if isinstance(event, RunActivated):
                 self.activations[run_id] = (event.metadata, draft.actor)
+            if isinstance(event, RunForked):
+                self.forks.append((seq, run_id, event, draft.actor))
         disposition = draft.disposition
         open_ids = self._open.setdefault(run_id, set())
         ended = disposition is not None and disposition.state is RunState.ENDED
@@ -321,6 +325,7 @@ def _call_fields(run: RunView, batch: ToolBatch, call: ToolCall) -> dict[str, An
         "permission": call.permission.value,
         "max_attempts": call.max_attempts,
         "source": call.source,
+        "effects": call.effects.value,
         "phase": call.phase.value,
         "attempt": call.attempt,
         "approved": call.approved,
@@ -347,6 +352,7 @@ CALL_FIELDS = (
     "permission",
     "max_attempts",
     "source",
+    "effects",
     "phase",
     "attempt",
     "approved",
@@ -481,6 +487,56 @@ def _compare_reconciliations(found: _Findings, folded: FoldedThread) -> None:
     for item, count in sorted(rows.items()):
         if expected.get(item, 0) < count:
             found.add(item[0], f"reconciliation of call {item[1]} ({item[2]}): row not in the log")
+
+
+def _compare_forks(found: _Findings, log: _Log) -> None:
+    """A fork's copied prefix must be exactly what ``runtime.fork`` makes of its source's
+    commits 1..``source_seq`` (recomputed here). A source that no longer exists (pruned) or
+    whose thread no longer holds that prefix leaves nothing to compare but is said when the
+    fork point disagrees with what is left of it."""
+    from runtime import fork
+
+    for seq, run_id, event, actor in log.forks:
+        if seq != event.source_seq + 1:
+            found.add(
+                seq, f"fork point at commit {seq} follows {seq - 1} copies, not {event.source_seq}"
+            )
+            continue
+        try:
+            source = fork.prefix(event.source_run_id, event.at_step)
+        except (NotFound, RuntimeFault):
+            if Run.objects.filter(id=event.source_run_id).exists():
+                found.add(
+                    seq,
+                    f"fork point: step {event.at_step} of run "
+                    f"{event.source_run_id} does not end at a commit",
+                )
+            continue  # the source was pruned: its copy is all that is left
+        if (source.thread_id, source.seq) != (event.source_thread_id, event.source_seq):
+            found.add(
+                seq,
+                f"fork point names commits 1..{event.source_seq} of thread "
+                f"{event.source_thread_id}, but step {event.at_step} of run "
+                f"{event.source_run_id} ends at commit {source.seq} of {source.thread_id}",
+            )
+            continue
+        ids = fork.mapping(source, run_id)
+        copies: dict[int, dict[str, Any]] = {
+            row["seq"]: dict(row)
+            for row in ThreadCommit.objects.filter(
+                thread_id=found.thread_id, seq__lte=source.seq
+            ).values("seq", "run_id", "disposition", "messages", "events", "actor")
+        }
+        for row in source.rows:
+            expected = fork.expected_copy(source, row, run_id, actor, ids)
+            copied = copies.get(row.seq, {})
+            differ = sorted(k for k in expected if copied.get(k) != expected[k])
+            if differ:
+                found.add(
+                    row.seq,
+                    f"commit {row.seq} is not the copy of commit {row.seq} of thread "
+                    f"{source.thread_id} (run {source.run_id}): differs at {differ}",
+                )
 
 
 def _multiset(items: Iterable[tuple]) -> dict[tuple, int]:

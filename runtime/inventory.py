@@ -43,14 +43,55 @@ def unreconciled_calls() -> QuerySet[ToolCallRecord]:
     """Indeterminate calls whose effect may have started and that no decisive reconciliation
     (applied / not applied) settles; a "still unknown" record leaves a call unreconciled.
 
-    DESIGN.md "Decisions": only sealed-from-Executing calls need reconciliation.
+    DESIGN.md "Decisions": only sealed-from-Executing calls need reconciliation. A fork's copy
+    of a call (``source.copied_from``, runtime.fork) never ran: its original is the one to
+    check, so the copy is not listed.
     """
     settled = ReconciliationRecord.objects.filter(
         call_id=OuterRef("pk"), outcome__in=DECISIVE_OUTCOMES
     )
-    return ToolCallRecord.objects.filter(
-        phase="indeterminate", effect_may_have_started=True
-    ).exclude(Exists(settled))
+    return (
+        ToolCallRecord.objects.filter(phase="indeterminate", effect_may_have_started=True)
+        .exclude(Exists(settled))
+        .exclude(source__has_key="copied_from")
+    )
+
+
+# Why an Indeterminate call was sealed, by the words its sealing wrote into the published result
+# (domain.commit.end_cause_reason, domain.recovery.executing_decision, loop.execute): key ->
+# (label for a person, the phrase that identifies it). Order matters: the first match wins.
+SEAL_REASONS: dict[str, tuple[str, str]] = {
+    "cancelled": ("run cancelled", "the run was cancelled"),
+    "stopped": ("run stopped", "the run was stopped"),
+    "failed": ("run failed", "the run failed"),
+    "step_limit": ("step limit reached", "the run reached its step limit"),
+    "run_indeterminate": ("run ended indeterminate", "the run ended with an indeterminate"),
+    "tool_failed": ("tool failed, unclassified", "the tool failed:"),
+    "lookup_failed": ("lookup could not answer", "the lookup by operation id could not answer"),
+    "worker_lost": ("worker lost mid-call", "the worker stopped after the call started"),
+    "budget_spent": ("attempts spent", "no result after"),
+}
+
+
+def seal_reason(result: str | None) -> str:
+    """The SEAL_REASONS key of an Indeterminate call's published result ("" when none fits)."""
+    text = result or ""
+    return next((key for key, (_, phrase) in SEAL_REASONS.items() if phrase in text), "")
+
+
+def with_seal_reason(calls: QuerySet[ToolCallRecord], reason: str) -> QuerySet[ToolCallRecord]:
+    """``calls`` whose seal says ``reason`` (a SEAL_REASONS key; an unknown key matches none).
+
+    A "tool failed" seal also names the recovery's decision after it ("...; no result after
+    3 attempts"), so a call goes to the first key whose phrase it holds, as ``seal_reason``.
+    """
+    if reason not in SEAL_REASONS:
+        return calls.none()
+    keys = list(SEAL_REASONS)
+    matched = calls.filter(result__contains=SEAL_REASONS[reason][1])
+    for earlier in keys[: keys.index(reason)]:
+        matched = matched.exclude(result__contains=SEAL_REASONS[earlier][1])
+    return matched
 
 
 def timers_due(now: datetime | None = None) -> int:

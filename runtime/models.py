@@ -79,6 +79,7 @@ class Run(models.Model):
     input_line: str
     waits_for: str
     needs_reconciliation: bool
+    holder: Any  # runtime.stuck.Holder | None
 
     objects = RunQuerySet.as_manager()
 
@@ -169,6 +170,9 @@ class ToolCallRecord(models.Model):
     # Where the tool came from, pinned with the batch: {"kind": "python"} or {"kind": "mcp",
     # "server", "tool", ...} (runtime.domain.model.ToolCall.source).
     source = models.JSONField(default=python_source)
+    # Whether the tool changes anything outside (none | idempotent | once), pinned with the
+    # batch (runtime.domain.model.Effects); "once" for calls logged before it was declared.
+    effects = models.CharField(max_length=16, default="once")
     phase = models.CharField(max_length=16)
     attempt = models.PositiveIntegerField(default=0)
     approved = models.BooleanField(default=False)
@@ -272,6 +276,9 @@ class StreamCheckpoint(models.Model):
     run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="checkpoint")
     step = models.PositiveIntegerField()
     attempt = models.PositiveIntegerField(default=1)
+    # The lease epoch of the claim that streamed it: a late viewer tells its text from a
+    # takeover's, whose deltas start afresh (issue 22, defect 4).
+    claim = models.PositiveIntegerField(null=True, blank=True)
     text = models.TextField(blank=True, default="")
     tool_calls = models.JSONField(default=list, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

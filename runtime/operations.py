@@ -418,7 +418,9 @@ def end_run(
     def build(run: RunView) -> CommitDraft | None:
         if run.state is RunState.ENDED:
             return None
-        events, messages = ending(run, reason or end_cause_reason(cause))
+        # The seal's words say what ended the run, then the operator's reason, if any.
+        why = end_cause_reason(cause) + (f" ({reason})" if reason else "")
+        events, messages = ending(run, why)
         detail = error if error is not None else ({"reason": reason} if reason else None)
         return CommitDraft(
             thread_id=run.thread_id,
@@ -599,3 +601,23 @@ def start_child(
         commit_parent(settle(stage(run, (event,))), (event,))
     crash_point("child_started")
     return None
+
+
+def fork_run(
+    run_id: str,
+    *,
+    at_step: int,
+    input: str | list[dict[str, Any]] | None = None,
+    actor: str = "",
+) -> str:
+    """Fork ``run_id`` after Step ``at_step`` onto a new thread; return the new run's id.
+
+    The new run's committed history is the source's up to the end of that step (copied,
+    nothing executed again; see runtime.fork), then ``input`` if given; the source is never
+    changed. Raises NotFound, ForkRefused (no such step, or it has not finished) and
+    InvalidCommit (input that cannot be stored).
+    """
+    from runtime import fork
+
+    _require_id(run_id, "run")
+    return fork.fork_run(run_id, at_step=at_step, input=input, actor=actor)

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from runtime import metrics, tracing
-from runtime.domain.model import Permission, RecoveryPolicy
+from runtime.domain.model import Effects, Permission, RecoveryPolicy
 from runtime.untrusted import UntrustedJSONError, parse_object
 
 
@@ -203,6 +203,7 @@ class Tool:
     input_wait: InputWait | None = None
     source: Mapping[str, Any] = field(default_factory=lambda: {"kind": "python"})
     delegate: Delegate | None = None
+    effects: Effects = Effects.ONCE
 
     @cached_property
     def parameters(self) -> dict[str, Any]:
@@ -265,6 +266,12 @@ class Tool:
                     tracing.failed(span, outcome)
 
 
+def default_effects(policy: RecoveryPolicy) -> Effects:
+    """The Effects of a tool that declares none: never "none" (that must be said), so
+    ``idempotent`` for a replay-safe policy and ``once`` otherwise."""
+    return Effects.IDEMPOTENT if policy is RecoveryPolicy.REPLAY else Effects.ONCE
+
+
 def tool(
     fn: Callable[..., Any] | None = None,
     /,
@@ -275,14 +282,17 @@ def tool(
     lookup: Callable[[ToolContext], Any] | None = None,
     input_wait: InputWait | None = None,
     name: str | None = None,
+    effects: Effects | str | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a function ``fn(ctx: ToolContext, **typed_arguments)``, a ``def``
     (run on the worker's tool threads) or an ``async def`` (run on its event loop).
 
     The arguments' schema comes from the type hints after ``ctx``; the description from the
-    docstring. Extra arguments from the model are refused. Raises TypeError at definition
-    time, saying what to write, for ``@tool`` without a recovery policy and for a function
-    whose first parameter is not the context ``ctx``.
+    docstring. Extra arguments from the model are refused. ``effects`` ("none",
+    "idempotent" or "once") says whether the tool changes anything outside the runtime;
+    left out, it is ``default_effects(policy)``. Raises ValueError for another value, and
+    TypeError at definition time, saying what to write, for ``@tool`` without a recovery
+    policy and for a function whose first parameter is not the context ``ctx``.
     """
     if fn is not None or policy is None:
         raise TypeError(
@@ -291,6 +301,7 @@ def tool(
             "downstream can be asked, or RecoveryPolicy.INDETERMINATE for one to reconcile"
         )
     pinned = policy
+    declared = Effects(effects) if effects is not None else default_effects(policy)
 
     def decorate(fn: Callable[..., Any]) -> Tool:
         params = list(inspect.signature(fn, eval_str=True).parameters.values())
@@ -317,6 +328,7 @@ def tool(
             max_attempts=max_attempts,
             lookup=lookup,
             input_wait=input_wait,
+            effects=declared,
         )
 
     return decorate
@@ -337,7 +349,8 @@ def delegate(
     """Declare a tool that delegates to a child Run of ``agent``.
 
     The model calls it like any tool, with an ``input`` argument (``arguments_model`` may add
-    more). Starting the child is idempotent by the call's operation id, so the tool replays.
+    more). Starting the child is idempotent by the call's operation id, so the tool replays,
+    and its effects are ``idempotent``: the child's own calls carry their own effects.
     """
     return Tool(
         name=name,
@@ -347,4 +360,5 @@ def delegate(
         policy=RecoveryPolicy.REPLAY,
         max_attempts=3,
         delegate=Delegate(agent=agent, metadata=metadata),
+        effects=Effects.IDEMPOTENT,
     )

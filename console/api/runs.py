@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import suppress
+from datetime import datetime
 from typing import Annotated, Any
 
 from django.http import HttpRequest
@@ -26,6 +27,7 @@ from console.api.schemas import (
     CommitPageOut,
     CommittedOut,
     EndCauseName,
+    ForkIn,
     Id,
     ResumeIn,
     RunIn,
@@ -36,8 +38,9 @@ from console.api.schemas import (
 from runtime import operations
 from runtime.documents import snapshot
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
-from runtime.errors import NotFound, RuntimeFault
+from runtime.errors import InvalidCommit, NotFound, RuntimeFault
 from runtime.models import Run, ThreadCommit
+from runtime.search import RunSearch, narrow
 
 router = Router(tags=["runs"])
 
@@ -59,8 +62,43 @@ class RunFilters(Schema):
     agent: AgentName | None = None
     thread: Id | None = Field(None, description="a thread id")
     parent: Id | None = Field(None, description="the parent run's id: its child runs")
+    q: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        description="free text in the runs' input, answers and tool arguments (PostgreSQL: "
+        'full text search, words ANDed, "phrases", -excluded; SQLite: the whole text, '
+        "case-insensitive), or a run, thread or operation id prefix",
+    )
+    since: datetime | None = Field(None, description="created at or after (ISO 8601)")
+    until: datetime | None = Field(None, description="created before (ISO 8601)")
+    tool: str | None = Field(None, min_length=1, max_length=200, description="called this tool")
+    meta_key: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="has this top-level metadata key"
+    )
+    meta_value: str | None = Field(
+        None, max_length=500, description="with meta_key: the key's value, as text, equals this"
+    )
     cursor: str | None = Field(None, pattern=CURSOR_PATTERN, description="from next_cursor")
     limit: int = Field(50, ge=1, le=200)
+
+    def search(self) -> RunSearch:
+        """The runtime.search query of the search fields; raises InvalidCommit (422) for a
+        metadata value without its key, or a naive time."""
+        for moment in (self.since, self.until):
+            if moment is not None and moment.tzinfo is None:
+                raise InvalidCommit("since and until name their zone (e.g. 2026-12-01T10:00Z)")
+        try:
+            return RunSearch(
+                text=self.q or "",
+                since=self.since,
+                until=self.until,
+                tool=self.tool or "",
+                meta_key=self.meta_key or "",
+                meta_value=self.meta_value or "",
+            )
+        except ValueError as exc:
+            raise InvalidCommit(str(exc)) from None
 
 
 def start(request: HttpRequest, payload: RunIn, thread_id: str | None = None) -> Status[Any]:
@@ -97,8 +135,9 @@ def start_run(request: HttpRequest, payload: RunIn) -> Status[Any]:
     summary="List runs, newest first",
 )
 def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> dict[str, Any]:
-    """Runs newest first, filtered by state, end cause, agent, thread and parent run;
-    keyset-paginated (pass ``next_cursor`` back as ``cursor``)."""
+    """Runs newest first, filtered by state, end cause, agent, thread and parent run, and
+    searched by free text (``q``), creation time, called tool and metadata key and value
+    (runtime.search); keyset-paginated (pass ``next_cursor`` back as ``cursor``)."""
     rows = Run.objects.only(*SUMMARY_FIELDS)
     for field, value in (
         ("state", filters.state),
@@ -109,6 +148,7 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> dict[str, Any
     ):
         if value is not None:
             rows = rows.filter(**{field: value})
+    rows = narrow(rows, filters.search())
     page, next_cursor = keyset_page(
         rows, cursor=filters.cursor, limit=filters.limit, newest_first=True
     )
@@ -241,3 +281,25 @@ def cancel_run(
         idempotency_key=idempotency_key,
     )
     return with_active_batch(document)
+
+
+@router.post(
+    "/{run_id}/fork",
+    response={201: RunOut, **errors(400, 401, 403, 404, 409, 422)},
+    auth=operate_auth,
+    by_alias=True,
+    summary="Fork a run from a step onto a new thread",
+)
+def fork_run(request: HttpRequest, run_id: Id, payload: ForkIn) -> Status[Any]:
+    """Start a new run on a new thread whose committed history is this run's up to the end of
+    step ``at_step`` (copied: nothing is executed again), then ``input`` if given; 201 the new
+    run. It names its source in ``metadata.forked_from``; the source is never changed. 409
+    ``fork_refused`` when the run has no such step or it has not finished."""
+    text = payload.input
+    fork = operations.fork_run(
+        run_id,
+        at_step=payload.at_step,
+        input=text if text is None or isinstance(text, str) else [m.model_dump() for m in text],
+        actor=actor(request),
+    )
+    return Status(201, run_out(fork))

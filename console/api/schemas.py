@@ -57,6 +57,7 @@ TicketKindName = Literal["approval", "input", "delegation", "timer"]
 TicketStateName = Literal["open", "consumed", "void"]
 CallPhaseName = Literal["requested", "executing", "awaiting", "completed", "indeterminate"]
 PolicyName = Literal["replay", "reconnect", "indeterminate"]
+EffectsName = Literal["none", "idempotent", "once"]
 PermissionName = Literal["allow", "ask", "deny"]
 Outcome = Literal["applied", "not_applied", "unknown"]
 
@@ -133,6 +134,16 @@ class RunIn(Schema):
         default_factory=dict,
         description='free-form; {"script": {...}} drives the scripted model (demo agent)',
     )
+
+
+class ForkIn(Schema):
+    """Fork a run after one of its steps: the step, and an optional new input the fork's next
+    inference sees after the copied history."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at_step: int = Field(ge=1, le=100_000, description="copy the history to this step's end")
+    input: RunInput | None = None
 
 
 class ResumeIn(Schema):
@@ -237,6 +248,11 @@ class CallOut(Schema):
     operation_id: str = Field(description="pass downstream to check or deduplicate the effect")
     policy: PolicyName
     permission: PermissionName
+    effects: EffectsName = Field(
+        "once",
+        description="whether the tool changes anything outside, pinned with the batch: "
+        '"none" (a sealed call needs no reconciliation), "idempotent" or "once"',
+    )
     source: dict[str, Any] = Field(
         default_factory=lambda: {"kind": "python"},
         description='where the tool came from, pinned with the batch: {"kind": "python"} or '

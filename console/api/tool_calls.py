@@ -3,7 +3,7 @@ what the downstream system says of them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from django.db.models import Prefetch
 from django.http import HttpRequest
@@ -22,7 +22,7 @@ from console.api.schemas import (
 )
 from runtime import operations
 from runtime.documents import call_document
-from runtime.inventory import unreconciled_calls
+from runtime.inventory import SEAL_REASONS, unreconciled_calls, with_seal_reason
 from runtime.models import ReconciliationRecord, ToolCallRecord
 
 router = Router(tags=["tool calls"])
@@ -41,6 +41,11 @@ class CallFilters(Schema):
         'reconciliation was recorded for yet (the console\'s "To check" list)',
     )
     run: Id | None = Field(None, description="a run id")
+    tool: str | None = Field(None, max_length=200, description="a tool's name")
+    agent: str | None = Field(None, max_length=100, description="the run's agent")
+    reason: Literal[tuple(SEAL_REASONS)] | None = Field(  # type: ignore[valid-type]
+        None, description="why an Indeterminate call was sealed: " + ", ".join(SEAL_REASONS)
+    )
     cursor: str | None = Field(None, pattern=CURSOR_PATTERN, description="from next_cursor")
     limit: int = Field(50, ge=1, le=200)
 
@@ -71,7 +76,10 @@ def list_tool_calls(request: HttpRequest, filters: Query[CallFilters]) -> dict[s
     skipped nor repeated), each with its run, operation id and recorded reconciliations.
     ``phase=indeterminate`` lists only calls whose effect may have started unless ``all``;
     ``unreconciled`` keeps only those no decisive reconciliation (applied / not applied)
-    settles (runtime.inventory.unreconciled_calls; "still unknown" leaves a call to check)."""
+    settles (runtime.inventory.unreconciled_calls; "still unknown" leaves a call to check);
+    ``tool``, ``agent`` and ``reason`` (the seal's reason, runtime.inventory.SEAL_REASONS)
+    narrow it as the console's Reconcile queue does. A call of a tool without external
+    effects is never "to check": its seal says "no external effect; nothing to check"."""
     rows = ToolCallRecord.objects.select_related("run").prefetch_related(
         Prefetch("reconciliations", ReconciliationRecord.objects.order_by("seq"))
     )
@@ -83,6 +91,12 @@ def list_tool_calls(request: HttpRequest, filters: Query[CallFilters]) -> dict[s
         rows = rows.filter(id__in=unreconciled_calls().values("id"))
     if filters.run is not None:
         rows = rows.filter(run_id=filters.run)
+    if filters.tool:
+        rows = rows.filter(name=filters.tool)
+    if filters.agent:
+        rows = rows.filter(run__agent=filters.agent)
+    if filters.reason:
+        rows = with_seal_reason(rows, filters.reason)
     page, next_cursor = keyset_page(
         rows, cursor=filters.cursor, limit=filters.limit, newest_first=True
     )

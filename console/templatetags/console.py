@@ -87,6 +87,12 @@ def event_summary(event: dict[str, Any], calls: dict[str, str] | None = None) ->
             return f"batch of step {event.get('step')} finalized"
         case "ReconciliationRecorded":
             return f"reconciled call {_call(event)}: {label(event.get('outcome'))}"
+        case "RunForked":
+            source = str(event.get("source_run_id", ""))[:8]
+            return (
+                f"forked from run {source} after step {event.get('at_step')} (commits "
+                f"1-{event.get('source_seq')} copied; nothing ran again)"
+            )
     return str(kind)
 
 
@@ -129,6 +135,27 @@ def first_line(text: Any, length: int = 120) -> str:
     """The first non-empty line of a text, cut to ``length`` characters."""
     line = next((ln.strip() for ln in str(text or "").splitlines() if ln.strip()), "")
     return line if len(line) <= int(length) else line[: int(length) - 1] + "…"
+
+
+@register.filter
+def span(value: Any) -> str:
+    """A duration (timedelta or seconds) in words: "250 ms", "4.2 s", "3 min 7 s", "2 h 5 min";
+    "—" for None."""
+    if value is None:
+        return "—"
+    seconds = value.total_seconds() if hasattr(value, "total_seconds") else float(value)
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{round(seconds * 1000)} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    return f"{hours // 24} d {hours % 24} h"
 
 
 @register.simple_tag

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from contextlib import suppress
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -22,8 +22,8 @@ from console.forms import SCRIPT_EXAMPLES, CancelForm, RunFilterForm, StartRunFo
 from console.models import OPERATE, READ
 from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, render_page
 from console.views.reconcile import mark_corrections
-from console.views.tickets import attach_notes, build_card
-from runtime import operations
+from console.views.tickets import _context_lines, attach_notes, build_card
+from runtime import operations, search, stuck
 from runtime.agents import registry
 from runtime.documents import RUN_SUMMARY_FIELDS, consistent, run_document
 from runtime.errors import CommittedUnread, NotFound, RuntimeFault
@@ -38,6 +38,7 @@ from runtime.models import (
 )
 
 PAGE_SIZE = 50
+LEASE_FIELDS = ("lease_owner", "lease_expires_at")  # who holds a Running run (runtime.stuck)
 STATES = ("running", "awaiting", "ended")
 CAUSES = ("natural", "step_limit", "cancelled", "stopped", "failed", "indeterminate")
 
@@ -46,12 +47,21 @@ def _cursor(run: Run) -> str:
     return f"{run.created_at.isoformat()}~{run.id}"
 
 
-def _counts() -> dict[str, Any]:
+def _counts(data: dict[str, Any] | None = None) -> dict[str, Any]:
     """Runs per state and per end cause: one COUNT(*) grouped by (state, end_cause), which
-    PostgreSQL answers from the ``run_state_cause`` index without reading the run rows."""
+    PostgreSQL answers from the ``run_state_cause`` index without reading the run rows.
+
+    ``data`` (the list's filters) narrows every count but by state and end cause, which the
+    chips themselves choose: the chips count what clicking them would list (issue 22, 8)."""
+    data = {k: v for k, v in (data or {}).items() if k not in ("state", "cause", "after", "top")}
     states: dict[str, int] = {}
     causes: dict[str, int] = {}
-    rows = Run.objects.values_list("state", "end_cause").annotate(n=Count("*")).order_by()
+    narrowed = any(data.values())
+    base = _filtered(data) if narrowed else Run.objects.all()
+    flagged = unreconciled_calls()
+    if narrowed:
+        flagged = flagged.filter(run_id__in=base.values_list("id", flat=True))
+    rows = base.values_list("state", "end_cause").annotate(n=Count("*")).order_by()
     for state, cause, n in rows:
         states[state] = states.get(state, 0) + n
         if state == "ended":
@@ -60,13 +70,14 @@ def _counts() -> dict[str, Any]:
         "total": sum(states.values()),
         "states": [(s, states.get(s, 0)) for s in STATES],
         "causes": [(c, causes.get(c, 0)) for c in CAUSES],
-        "unreconciled": unreconciled_calls().values("run_id").distinct().count(),
+        "unreconciled": flagged.values("run_id").distinct().count(),
     }
 
 
 def _row_context(page: list[Run]) -> None:
-    """Set ``input_line``, ``waits_for`` and ``needs_reconciliation`` on each run: three
-    queries for the whole page, none per row."""
+    """Set ``input_line``, ``waits_for``, ``needs_reconciliation`` and ``holder`` (who holds a
+    Running run: runtime.stuck.Holder) on each run: five queries for the whole page, none
+    per row."""
     ids = [r.id for r in page]
     inputs: dict[str, str] = {}
     users = MessageRecord.objects.filter(run_id__in=ids, role="user").order_by("-seq", "-idx")
@@ -79,13 +90,18 @@ def _row_context(page: list[Run]) -> None:
         ).values_list("run_id", "kind", "call__index", "call__name")
     }
     flagged = set(unreconciled_calls().filter(run_id__in=ids).values_list("run_id", flat=True))
+    held = stuck.holders(page)
     for r in page:
         r.input_line = inputs.get(r.id, "")
         r.waits_for = waits.get(r.id, "")
         r.needs_reconciliation = r.id in flagged
+        r.holder = held.get(r.id)
 
 
 def _filtered(data: dict[str, Any]):
+    """Runs matching the list's filters: state, cause, agent, the reconciliation flag and
+    the search fields (runtime.search: free text or an id prefix in ``q``, a time range, a
+    called tool, a metadata key and value, a parent run)."""
     rows = Run.objects.all()
     if data.get("state"):
         rows = rows.filter(state=data["state"])
@@ -95,14 +111,19 @@ def _filtered(data: dict[str, Any]):
         rows = rows.filter(agent=data["agent"])
     if data.get("unreconciled"):
         rows = rows.filter(id__in=unreconciled_calls().values("run_id"))
-    if q := (data.get("q") or "").strip():
-        by_operation = ToolCallRecord.objects.filter(operation_id__startswith=q)
-        rows = rows.filter(
-            Q(id__startswith=q)
-            | Q(thread__id__startswith=q)
-            | Q(id__in=by_operation.values("run_id"))
-        )
-    return rows
+    key = data.get("meta_key") or ""
+    return search.narrow(
+        rows,
+        search.RunSearch(
+            text=data.get("q") or "",
+            since=data.get("since"),
+            until=data.get("until"),
+            tool=data.get("tool") or "",
+            meta_key=key,
+            meta_value=(data.get("meta_value") or "") if key else "",
+            parent=data.get("parent") or "",
+        ),
+    )
 
 
 def _older_or_same(rows, cursor: tuple[datetime, str], *, inclusive: bool):
@@ -131,7 +152,11 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
     elif top:
         newer = rows.count() - _older_or_same(rows, top, inclusive=True).count()
         rows = _older_or_same(rows, top, inclusive=True)
-    page = list(rows.order_by("-created_at", "-id").only(*RUN_SUMMARY_FIELDS)[: PAGE_SIZE + 1])
+    page = list(
+        rows.order_by("-created_at", "-id").only(*RUN_SUMMARY_FIELDS, *LEASE_FIELDS)[
+            : PAGE_SIZE + 1
+        ]
+    )
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
     _row_context(page)
@@ -144,12 +169,19 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
     self_params = request.GET.copy()
     if not cursor and page and not top:
         self_params["top"] = _cursor(page[0])
-    filters = {k: v for k, v in data.items() if k not in ("after", "top") and v}
+    filters = {
+        k: v.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if isinstance(v, datetime) else v
+        for k, v in data.items()
+        if k not in ("after", "top") and v
+    }
+    chips = {k: v for k, v in filters.items() if k not in ("state", "cause")}
     context = {
+        "chip_query": urlencode({k: "on" if v is True else v for k, v in chips.items()}),
         "form": form,
         "runs": page,
-        "counts": _counts(),
+        "counts": _counts(data),
         "agents": sorted(registry()),
+        "tools": sorted({t.name for a in registry().values() for t in a.tools}),
         "filters": filters,
         "filtered": bool(filters),
         "paged": cursor is not None,
@@ -226,10 +258,18 @@ def run_context(
                         "at": c.created_at,
                     }
                 )
+    own = [c for c in log if c.run_id == run_id]
+    steps = stuck.timeline(own, run_id)
+    spans = {span.call_id: span for step in steps for span in step.calls}
     for batch in doc["batches"]:
         for call in batch["calls"]:
             call["attempts"] = attempts.get(call["call_id"], [])
             call["operator_act"] = acts.get(call["call_id"])
+            span = spans.get(call["call_id"])
+            # Run-wide number (call 57 of a long run, not "step 3, #8") and how it ended: a
+            # denial is Completed with an error, never shown as a success (issue 22, 6).
+            call["number"] = span.number if span else None
+            call["outcome"] = _call_outcome(call, span.outcome if span else "")
     latest = next((c for c in reversed(log) if c.run_id == run_id), None)
     tickets = list(
         Ticket.objects.filter(run_id=run_id)
@@ -247,6 +287,7 @@ def run_context(
         )
     )
     calls = {c["call_id"]: f"#{c['index']} {c['name']}" for b in doc["batches"] for c in b["calls"]}
+    row = Run.objects.only("id", "state", *LEASE_FIELDS).get(id=run_id)
     shown, older = _log_page(log, log_kind, log_before)  # the page stays fast however long
     messages = doc["messages"]
     return {
@@ -267,7 +308,37 @@ def run_context(
         "reconciliations": reconciliations,
         # Children change state without a commit of this run: the page polls while any lives.
         "live_children": any(child["state"] != "ended" for child in doc["children"]),
+        "holder": stuck.holders([row]).get(run_id),
+        "waiting": stuck.waiting(doc, own),
+        "timeline": steps,
+        # Steps a fork may start after: those whose answer (and batch) are committed whole.
+        "finished_steps": [s.step for s in steps if not s.calls or s.finalized_at is not None],
+        "forks": _forks(run_id),
+        "child_lines": _context_lines([c["id"] for c in doc["children"]])
+        if doc["children"]
+        else {},
     }
+
+
+def _call_outcome(call: dict[str, Any], outcome: str) -> str:
+    """What a call's badge says: its phase, but "denied" for a denied approval or input,
+    "error" for a completed call whose result is an error (never the green "completed")."""
+    if call["phase"] != "completed":
+        return call["phase"]
+    if outcome == "denied":
+        return "denied"
+    return "error" if call["is_error"] else "completed"
+
+
+def _forks(run_id: str) -> list[Any]:
+    """Runs forked from ``run_id`` (their activation's ``metadata.forked_from.run_id``)."""
+    return list(
+        Run.objects.filter(metadata__forked_from__run_id=run_id)
+        .order_by("created_at", "id")
+        .values(
+            "id", "state", "end_cause", "metadata__forked_from__step", "metadata__forked_from__by"
+        )
+    )
 
 
 def run_page_context(
@@ -288,7 +359,16 @@ def run_page_context(
 
 @needs(READ)
 def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
-    """The run page: committed state, batch, ticket form, log; htmx asks for ``committed``."""
+    """The run page: committed state, batch, ticket form, log; htmx asks for ``committed``,
+    or ``part=holder`` for who holds the run (polled while it runs: a dead worker commits
+    nothing that would refresh it)."""
+    if request.GET.get("part") == "holder":
+        row = Run.objects.filter(id=run_id).only("id", "state", *LEASE_FIELDS).first()
+        if row is None:
+            raise Http404(f"run {run_id} does not exist")
+        holder = stuck.holders([row]).get(run_id)
+        context = {"run": {"id": row.id, "state": row.state}, "holder": holder}
+        return render_page(request, "console/run.html", context, partial="holder")
     context = run_page_context(run_id, query=request.GET)
     return render_page(request, "console/run.html", context, partial="committed")
 
@@ -411,12 +491,83 @@ def bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
     return redirect(f"{reverse('console:runs')}?{urlencode(query)}")
 
 
-@needs(OPERATE, write=True)
+def rerun_cost(run_id: str) -> dict[str, Any]:
+    """What running ``run_id`` again would call again, and what its calls already did.
+
+    ``tools``: [{"name", "effects", "calls"}] of the tools with external effects its calls
+    used (the new run gets the same input, metadata and script, so it calls them again, each
+    under a new operation id: downstream sees new operations); ``applied``: its calls of such
+    tools that took effect (completed without error, or reconciled "applied");
+    ``indeterminate``: its calls whose effect may have started, with their latest
+    reconciliation outcome ("" when none). Each call is {"call_id", "number", "index", "name",
+    "step", "operation_id", "outcome"}.
+    """
+    rows = list(
+        ToolCallRecord.objects.filter(run_id=run_id)
+        .order_by("step", "index")
+        .values(
+            "id",
+            "step",
+            "index",
+            "name",
+            "effects",
+            "phase",
+            "is_error",
+            "operation_id",
+            "effect_may_have_started",
+        )
+    )
+    latest: dict[str, str] = {}
+    for call_id, outcome in (
+        ReconciliationRecord.objects.filter(call__run_id=run_id)
+        .order_by("seq")
+        .values_list("call_id", "outcome")
+    ):
+        latest[call_id] = outcome
+    tools: dict[str, dict[str, Any]] = {}
+    applied: list[dict[str, Any]] = []
+    indeterminate: list[dict[str, Any]] = []
+    for number, row in enumerate(rows, 1):
+        if row["effects"] == "none":
+            continue
+        entry = tools.setdefault(
+            row["name"], {"name": row["name"], "effects": row["effects"], "calls": 0}
+        )
+        entry["calls"] += 1
+        call = {
+            "call_id": row["id"],
+            "number": number,
+            "index": row["index"],
+            "name": row["name"],
+            "step": row["step"],
+            "operation_id": row["operation_id"],
+            "outcome": latest.get(row["id"], ""),
+        }
+        if row["phase"] == "completed" and not row["is_error"]:
+            applied.append(call)
+        elif row["phase"] == "indeterminate" and row["effect_may_have_started"]:
+            (applied if call["outcome"] == "applied" else indeterminate).append(call)
+    return {"tools": list(tools.values()), "applied": applied, "indeterminate": indeterminate}
+
+
+@needs(OPERATE)
 def run_again(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
-    """Start a new run on the ended run's thread, with the same agent, input and metadata."""
+    """Start a new run on the ended run's thread, with the same agent, input and metadata,
+    after a confirmation naming what it costs (issue 22, defect 1).
+
+    GET, or a POST without ``confirm=yes``, writes nothing and answers the confirmation: the
+    tools with external effects the new run calls again and the original's calls that took
+    effect or may have (``rerun_cost``). The confirming POST starts it.
+    """
     run = Run.objects.filter(id=run_id).first()
     if run is None:
         raise Http404(f"run {run_id} does not exist")
+    if run.state != "ended":
+        messages.error(request, "Only an ended run can run again.")
+        return redirect("console:run", run_id=run_id)
+    if request.method != "POST" or request.POST.get("confirm") != "yes":
+        context = {"run": run, "cost": rerun_cost(run_id)}
+        return render_page(request, "console/again.html", context)
     inputs = [
         {"role": role, "content": content}
         for role, content in MessageRecord.objects.filter(
@@ -425,9 +576,6 @@ def run_again(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
         .order_by("seq", "idx")
         .values_list("role", "content")
     ]
-    if run.state != "ended":
-        messages.error(request, "Only an ended run can run again.")
-        return redirect("console:run", run_id=run_id)
     try:
         new_id = operations.start_run(
             agent=run.agent,
@@ -440,4 +588,29 @@ def run_again(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
         messages.error(request, f"Not started: {exc.message}")
         return redirect("console:run", run_id=run_id)
     messages.success(request, f"Started again as run {new_id[:8]} on the same thread.")
+    return redirect("console:run", run_id=new_id)
+
+
+@needs(OPERATE, write=True)
+def fork_run(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Fork the run after the step the form names (``at_step``), with an optional new input;
+    on success go to the new run, else back to this one saying why (runtime.fork)."""
+    raw = request.POST.get("at_step", "")
+    if not raw.isdigit():
+        messages.error(request, "Not forked: choose the step to fork after.")
+        return redirect("console:run", run_id=run_id)
+    text = request.POST.get("input", "")[:100_000]
+    try:
+        new_id = operations.fork_run(
+            run_id, at_step=int(raw), input=text or None, actor=actor(request)
+        )
+    except NotFound as exc:
+        raise Http404(str(exc)) from exc
+    except RuntimeFault as exc:
+        messages.error(request, f"Not forked: {exc.message}")
+        return redirect("console:run", run_id=run_id)
+    messages.success(
+        request,
+        f"Forked after step {raw} as run {new_id[:8]} on a new thread; nothing ran again.",
+    )
     return redirect("console:run", run_id=new_id)

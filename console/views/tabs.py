@@ -14,18 +14,19 @@ from django.template.response import TemplateResponse
 
 from console.models import READ
 from console.views.common import needs
-from runtime.models import Ticket, ToolCallRecord
+from runtime.inventory import unreconciled_calls
+from runtime.models import Ticket
 
 TABS = ("inbox", "reconcile")
 
 
 def count(which: str) -> int:
-    """Open tickets (``inbox``) or Indeterminate calls still to reconcile (``reconcile``)."""
+    """Open tickets the inbox lists (``inbox``: a delegation ticket is answered by its child,
+    so it is not listed nor counted) or calls still to reconcile (``reconcile``: what the
+    queue's "To check" lists, ``inventory.unreconciled_calls``)."""
     if which == "inbox":
-        return Ticket.objects.filter(state="open").count()
-    return ToolCallRecord.objects.filter(
-        phase="indeterminate", effect_may_have_started=True, reconciliations__isnull=True
-    ).count()
+        return Ticket.objects.filter(state="open").exclude(kind="delegation").count()
+    return unreconciled_calls().count()
 
 
 def tab_counts(request: HttpRequest) -> dict[str, Any]:

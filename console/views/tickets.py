@@ -11,7 +11,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
@@ -57,6 +57,19 @@ class TicketCard:
     notice: str = ""
     done: bool = False
     context: dict[str, str] = field(default_factory=dict)
+    # The notice's parts, so that the page shows its time in the reader's zone like every
+    # other time on the card: "<lead> at <time>.<tail>" (issue 22, 8: no CET beside UTC).
+    notice_lead: str = ""
+    notice_at: datetime | None = None
+    notice_tail: str = ""
+    denied: bool = False  # answered (now or before) with a deny: never shown as a success
+
+    def say(self, lead: str, at: datetime | None, tail: str = "") -> None:
+        """Set the notice: ``lead`` at ``at`` (UTC in plain text, the reader's zone on the
+        page), then ``tail``."""
+        self.notice_lead, self.notice_at, self.notice_tail = lead, at, tail
+        stamp = at.strftime("%Y-%m-%d %H:%M:%S UTC") if at else "?"
+        self.notice = f"{lead} at {stamp}.{tail}"
 
     @property
     def decisions(self) -> list[str]:
@@ -104,20 +117,27 @@ def attach_notes(tickets: list[Ticket]) -> list[Ticket]:
     return tickets
 
 
-def closed_notice(ticket: Ticket) -> str:
-    """Say who closed the ticket and when, or why it cannot be answered."""
+def closed_notice(ticket: Ticket, card: TicketCard | None = None) -> str:
+    """Say who closed the ticket and when, or why it cannot be answered; with ``card``, set
+    its notice (and its parts) too."""
     ticket.refresh_from_db()
-    when = ticket.closed_at.strftime("%Y-%m-%d %H:%M:%S UTC") if ticket.closed_at else "?"
+    card = card or TicketCard(ticket=ticket)
     who = ticket.closed_by or "an unnamed actor"
     if ticket.state == "consumed":
         note = attach_notes([ticket])[0].note
         past = PAST.get(ticket.decision, ticket.decision)
-        return f"Already answered: {past} by {who} at {when}." + (f" Note: {note}" if note else "")
-    if ticket.state == "void":
-        return (
-            f"Closed without an answer: the run ended ({ticket.run.end_cause}), by {who} at {when}."
+        card.denied = ticket.decision == Decision.DENY.value
+        card.say(
+            f"Already answered: {past} by {who}", ticket.closed_at, f" Note: {note}" if note else ""
         )
-    return "This ticket is not the run's open ticket."
+    elif ticket.state == "void":
+        card.say(
+            f"Closed without an answer: the run ended ({ticket.run.end_cause}), by {who}",
+            ticket.closed_at,
+        )
+    else:
+        card.notice = "This ticket is not the run's open ticket."
+    return card.notice
 
 
 def _cursor(ticket: Ticket) -> str:
@@ -227,7 +247,7 @@ def ticket_detail(request: HtmxHttpRequest, ticket_id: str) -> HttpResponse:
     ticket = _ticket(ticket_id)
     card = build_card(ticket)
     if ticket.state != "open":
-        card.notice = closed_notice(ticket)
+        closed_notice(ticket, card)
     return render_page(request, "console/ticket.html", {"card": card}, partial="card")
 
 
@@ -272,7 +292,7 @@ def answer(request: HtmxHttpRequest, ticket: Ticket, post: Any) -> tuple[TicketC
     if KEY_PATTERN.match(key):
         card.key = key
     if ticket.state != "open":
-        card.notice = closed_notice(ticket)
+        closed_notice(ticket, card)
         return card, 409
     try:
         check_operator_decision(TicketKind(ticket.kind), raw, ticket.request)
@@ -329,7 +349,7 @@ def answer(request: HtmxHttpRequest, ticket: Ticket, post: Any) -> tuple[TicketC
         card.notice = f"{PAST[decision.value].capitalize()} (commit #{done.seq})."
         return card, 200
     except CLOSED_FAULTS:
-        card.notice = closed_notice(ticket)
+        closed_notice(ticket, card)
         card.answer_form = None
         return card, 409
     except RuntimeFault as exc:  # InvalidInput included: its message names the field
@@ -338,14 +358,15 @@ def answer(request: HtmxHttpRequest, ticket: Ticket, post: Any) -> tuple[TicketC
     ticket.refresh_from_db()
     card.done = True
     card.answer_form = None
-    when = ticket.closed_at.strftime("%Y-%m-%d %H:%M:%S UTC") if ticket.closed_at else ""
     who = ticket.closed_by or actor(request)
     how = " with edited arguments" if edited is not None else ""
     if decision is Decision.RESPOND:
         how = " for the tool with a supplied result (the tool does not run)"
-    card.notice = f"{PAST[decision.value].capitalize()}{how} by {who} at {when}." + (
-        f" Note: {reason}" if reason else ""
-    )
+    lead = f"{PAST[decision.value].capitalize()}{how} by {who}"
+    if decision is Decision.DENY:
+        lead = f"Denied by {who}: the tool does not run; the model is told"
+        card.denied = True
+    card.say(lead, ticket.closed_at, f" Note: {reason}" if reason else "")
     return card, 200
 
 

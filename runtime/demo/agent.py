@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from runtime import conf
 from runtime.agents import Agent, ProviderConfig
-from runtime.domain.model import Permission, RecoveryPolicy
+from runtime.domain.model import Effects, Permission, RecoveryPolicy
 from runtime.models import LedgerEffect
 from runtime.tools import Fenced, InputWait, Tool, ToolContext, delegate, tool
 
@@ -50,25 +50,25 @@ def _lookup(ctx: ToolContext) -> dict[str, Any] | None:
     return {"recorded": row.key, "operation_id": row.operation_id} if row else None
 
 
-@tool(policy=RecoveryPolicy.REPLAY, max_attempts=3)
+@tool(policy=RecoveryPolicy.REPLAY, max_attempts=3, effects=Effects.IDEMPOTENT)
 def ledger_replay(ctx: ToolContext, key: Key) -> dict[str, Any]:
     """Record a key in the ledger. Idempotent: safe to replay with the same operation id."""
     return _apply(ctx, key, "ledger_replay")
 
 
-@tool(policy=RecoveryPolicy.RECONNECT, max_attempts=2, lookup=_lookup)
+@tool(policy=RecoveryPolicy.RECONNECT, max_attempts=2, lookup=_lookup, effects=Effects.ONCE)
 def ledger_reconnect(ctx: ToolContext, key: Key) -> dict[str, Any]:
     """Record a key in the ledger; recovery asks the ledger by operation id first."""
     return _apply(ctx, key, "ledger_reconnect")
 
 
-@tool(policy=RecoveryPolicy.INDETERMINATE)
+@tool(policy=RecoveryPolicy.INDETERMINATE, effects=Effects.ONCE)
 def ledger_once(ctx: ToolContext, key: Key) -> dict[str, Any]:
     """Record a key in the ledger; never retried: an interrupted call becomes Indeterminate."""
     return _apply(ctx, key, "ledger_once")
 
 
-@tool(policy=RecoveryPolicy.INDETERMINATE, permission=Permission.ASK)
+@tool(policy=RecoveryPolicy.INDETERMINATE, permission=Permission.ASK, effects=Effects.ONCE)
 def ledger_approval(ctx: ToolContext, key: Key) -> dict[str, Any]:
     """Record a key in the ledger after an operator approves it."""
     return _apply(ctx, key, "ledger_approval")
@@ -118,10 +118,11 @@ ask_input = Tool(
     arguments_model=AskInputArguments,
     policy=RecoveryPolicy.INDETERMINATE,
     input_wait=InputWait(build=_input_ticket),
+    effects=Effects.NONE,  # a person answers; nothing outside runs
 )
 
 
-@tool(policy=RecoveryPolicy.REPLAY, max_attempts=3)
+@tool(policy=RecoveryPolicy.REPLAY, max_attempts=3, effects=Effects.NONE)
 async def slow(ctx: ToolContext, seconds: Annotated[float, Field(ge=0, le=3600)]) -> dict[str, Any]:
     """Wait the given number of seconds (replay-safe). An ``async def`` tool: while it waits
     it holds no thread of the worker."""
@@ -129,7 +130,7 @@ async def slow(ctx: ToolContext, seconds: Annotated[float, Field(ge=0, le=3600)]
     return {"slept": seconds}
 
 
-@tool(policy=RecoveryPolicy.REPLAY, max_attempts=3)
+@tool(policy=RecoveryPolicy.REPLAY, max_attempts=3, effects=Effects.NONE)
 def wait(ctx: ToolContext, seconds: Annotated[float, Field(ge=0, le=31_536_000)]) -> dict[str, Any]:
     """Wait the given number of seconds without holding a worker (a timer ticket)."""
     ctx.wait_for(seconds)

@@ -24,6 +24,7 @@ from runtime.domain.events import (
     Event,
     ReconciliationRecorded,
     RunActivated,
+    RunForked,
     StateStaged,
     StepCommitted,
 )
@@ -165,6 +166,12 @@ def _apply_event(run: RunView, event: Event) -> RunView:  # noqa: C901 - one bra
             if not key or not isinstance(value, dict):
                 raise InvalidCommit("staged state is a JSON object under a plugin's key")
             return replace(run, plugin_state={**run.plugin_state, key: value})
+        case RunForked(at_step=at_step):
+            if run.open_batch is not None or run.state is not RunState.RUNNING:
+                raise InvalidCommit("a run is forked at the end of a step, while Running")
+            if at_step != run.step or at_step < 1:
+                raise InvalidCommit(f"the fork point ends step {run.step}, not {at_step}")
+            return run
         case RunActivated() | ReconciliationRecorded():
             raise InvalidCommit(f"{type(event).__name__} cannot appear here")
     raise InvalidCommit(f"unknown event {event!r}")
@@ -390,8 +397,9 @@ def check_operator_resume(run: RunView, command: ResumeCommand) -> None:
 def _check_messages(run: RunView, draft: CommitDraft, activation: bool) -> None:
     roles = [m.role for m in draft.messages]
     inputs = [r for r in roles if r in ("user", "system")]
-    if inputs and not activation:
-        raise InvalidCommit("user and system messages enter only with a new run")
+    forked = any(isinstance(e, RunForked) for e in draft.events)
+    if inputs and not (activation or forked):
+        raise InvalidCommit("user and system messages enter only with a new run or its fork")
     stepped = any(isinstance(e, StepCommitted) for e in draft.events)
     assistants = [m for m in draft.messages if m.role == "assistant"]
     if len(assistants) != (1 if stepped else 0):

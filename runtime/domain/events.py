@@ -122,6 +122,19 @@ class StateStaged:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunForked:
+    """The fork point: the commits before this one are copies of ``source_thread_id``'s
+    commits 1..``source_seq`` (ids remapped, see runtime.fork), which end Step ``at_step`` of
+    ``source_run_id``; nothing of them ran again. The same commit may carry the fork's new
+    input as user messages, which the next inference sees after the copied history."""
+
+    source_run_id: str
+    source_thread_id: str
+    at_step: int
+    source_seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReconciliationRecorded:
     """An operator recorded what the downstream system says of an Indeterminate call."""
 
@@ -143,5 +156,6 @@ Event = (
     | CallIndeterminate
     | BatchFinalized
     | StateStaged
+    | RunForked
     | ReconciliationRecorded
 )

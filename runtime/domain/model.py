@@ -57,6 +57,26 @@ class RecoveryPolicy(StrEnum):
     INDETERMINATE = "indeterminate"  # never guess: mark Indeterminate for a person
 
 
+class Effects(StrEnum):
+    """Whether a tool acts on anything outside the runtime (declared beside its policy, pinned
+    into each call).
+
+    ``none``: nothing outside changes (reads, waits, questions), so a sealed call leaves
+    nothing to check; ``idempotent``: an effect that the same operation id applies at most
+    once downstream; ``once``: an effect that may apply again if repeated. Only a call of a
+    tool with an effect can need reconciliation (issue 22).
+    """
+
+    NONE = "none"
+    IDEMPOTENT = "idempotent"
+    ONCE = "once"
+
+    @property
+    def external(self) -> bool:
+        """True when calling the tool may change something outside the runtime."""
+        return self is not Effects.NONE
+
+
 class Permission(StrEnum):
     ALLOW = "allow"
     ASK = "ask"
@@ -175,7 +195,10 @@ class ToolCall:
     nobody edited them). ``attempt`` counts committed executor attempts.
     ``approved`` is set when a matching approval was committed and the call has not yet
     started executing. ``effect_may_have_started`` tells an Indeterminate call sealed from
-    Executing (needs reconciliation) from one sealed before any attempt. ``source`` is where
+    Executing (needs reconciliation) from one sealed before any attempt or of a tool without
+    external effects. ``effects`` is the tool's declared Effects, pinned with the batch; a
+    call logged before effects were declared reads as ``once`` (the old rule: any started
+    call may have taken effect). ``source`` is where
     the tool came from, pinned with the batch: ``{"kind": "python"}`` or ``{"kind": "mcp",
     "server", "tool", "transport", "target", "server_info", "input_schema", "annotations",
     "lookup"}``; recovery uses it, never what the server lists later.
@@ -198,6 +221,7 @@ class ToolCall:
     result: str | None = None
     is_error: bool = False
     effect_may_have_started: bool = False
+    effects: Effects = Effects.ONCE
     source: JSON = field(default_factory=lambda: {"kind": "python"})
     child_run_id: str | None = None
     woken_at: str | None = None

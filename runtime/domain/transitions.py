@@ -148,12 +148,19 @@ def _downstream(call: ToolCall) -> str:
 def seal_indeterminate(call: ToolCall, reason: str) -> ToolCall:
     """Mark the call Indeterminate (terminal), publishing an explicit error for the model.
 
-    The effect may have started only if an executor attempt was ever committed; only such
-    calls need reconciliation (DESIGN.md, "Indeterminate is terminal").
+    The effect may have started only if an executor attempt was ever committed and the tool
+    declares an external effect (the pinned ``effects``); only such calls need reconciliation
+    (DESIGN.md, "Indeterminate is terminal"). A started call of a tool without external
+    effects is recorded as "no external effect; nothing to check" (issue 22).
     """
     check_call_transition(call, I)
-    started = call.attempt > 0
-    if started:
+    started = call.attempt > 0 and call.effects.external
+    if call.attempt > 0 and not started:
+        text = (
+            f"No external effect; nothing to check: {reason}. {call.name} declares no external "
+            f"effect, so nothing outside changed (operation id {call.operation_id})."
+        )
+    elif started:
         text = (
             f"Outcome unknown: this call may have taken effect ({reason}). "
             f"Operation id {call.operation_id}. Verify with {_downstream(call)} before "

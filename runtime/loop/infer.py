@@ -22,6 +22,7 @@ from runtime.crash import crash_point
 from runtime.domain.events import BatchOpened, StepCommitted
 from runtime.domain.model import (
     Disposition,
+    Effects,
     EndCause,
     Message,
     Permission,
@@ -154,8 +155,12 @@ async def _context(
     d: Boundary, step: int, attempt: int, checkpoints: Checkpoints
 ) -> InferenceContext:
     first_delta = [True]
+    streamed = [0]  # characters of text this attempt published: the next text delta's offset
 
     def on_delta(delta: Delta) -> None:
+        offset = streamed[0] if delta.kind == "text" else None
+        if delta.kind == "text":
+            streamed[0] += len(delta.text or "")
         live.publish_delta(
             d.run_id,
             step=step,
@@ -167,6 +172,9 @@ async def _context(
                 "index": delta.index,
                 "name": delta.name,
                 "call_id": delta.call_id,
+                # Where the text goes in the attempt's text: a viewer that started from the
+                # checkpoint skips what it already has (issue 22, defect 4).
+                "offset": offset,
             },
         )
         if first_delta[0]:
@@ -222,7 +230,9 @@ class Checkpoints:
     async def _write(self) -> None:
         while self.latest is not None:
             (text, calls), self.latest = self.latest, None
+            # The claim (lease epoch) tells a late viewer whose stream the text is.
             fields = {"step": self.step, "attempt": self.attempt, "text": text}
+            fields["claim"] = self.d.lease.epoch
             self.idle.clear()
             try:
                 await self.d.services.db(_save_checkpoint, self.d.run_id, fields, calls)
@@ -305,7 +315,8 @@ def history_blocks(
 
 
 def pin(agent: Agent, index: int, out: ToolCallOut) -> ToolCall:
-    """A Requested call with the policy, permission, budget and source in force now (pinned)."""
+    """A Requested call with the policy, permission, budget, source and effects in force now
+    (pinned)."""
     tool = agent.tool(out.name)
     try:
         arguments: dict[str, Any] | None = parse_object(out.arguments)
@@ -323,4 +334,5 @@ def pin(agent: Agent, index: int, out: ToolCallOut) -> ToolCall:
         permission=agent.permission_for(tool) if tool else Permission.DENY,
         max_attempts=tool.max_attempts if tool else 1,
         source=dict(tool.source) if tool else {"kind": "python"},
+        effects=tool.effects if tool else Effects.ONCE,
     )

@@ -25,7 +25,7 @@ from pydantic import (
     ValidationError,
 )
 
-from runtime.domain.model import Permission, RecoveryPolicy
+from runtime.domain.model import Effects, Permission, RecoveryPolicy
 from runtime.errors import McpServerUnavailable
 
 # Server names become part of the tool names offered to the model ("<server>__<tool>"), which
@@ -40,13 +40,15 @@ class ToolOverride:
     ``policy``/``permission``/``max_attempts`` replace the derived values when set; ``lookup``
     names a read-only tool of the same server that recovery calls with ``{"operation_id": ...}``
     (policy ``reconnect``): a result without content, or with structured content ``null`` or
-    ``{"result": null}``, means the server never saw the operation.
+    ``{"result": null}``, means the server never saw the operation. ``effects`` replaces the
+    Effects the annotations declare (``none`` for a tool that changes nothing outside).
     """
 
     policy: RecoveryPolicy | None = None
     permission: Permission | None = None
     max_attempts: int | None = None
     lookup: str | None = None
+    effects: Effects | None = None
 
     def __post_init__(self) -> None:
         if self.policy is RecoveryPolicy.RECONNECT and not self.lookup:
@@ -126,6 +128,7 @@ class _Override(BaseModel):
     permission: Permission | None = None
     max_attempts: int | None = Field(default=None, ge=1, le=20)
     lookup: str | None = None
+    effects: Effects | None = None
 
 
 class _Common(BaseModel):
@@ -165,7 +168,8 @@ _SERVERS = TypeAdapter(
 def parse_servers(data: Any) -> tuple[ServerConfig, ...]:
     """Build server definitions from JSON data: a list of objects, each either
     ``{"name", "command", "args"?, "env"?, "cwd"?}`` or ``{"name", "url", "headers_env"?}``,
-    with optional ``"tools": {tool: {"policy"?, "permission"?, "max_attempts"?, "lookup"?}}``,
+    with optional ``"tools": {tool: {"policy"?, "permission"?, "max_attempts"?, "lookup"?,
+    "effects"?}}``,
     ``"connect_timeout"`` and ``"call_timeout"`` (seconds).
 
     Raises ValueError naming the first problem (the settings turn it into

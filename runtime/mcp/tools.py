@@ -155,6 +155,7 @@ def _offered(connection: Connection, listing: Listing, tool: Any) -> McpTool:
         policy=pinned.policy,
         permission=pinned.permission,
         max_attempts=pinned.max_attempts,
+        effects=pinned.effects,
     )
 
 
@@ -199,6 +200,7 @@ def pinned_tool(call: ToolCall, connection: Connection | None) -> McpTool:
         policy=call.policy,
         permission=call.permission,
         max_attempts=call.max_attempts,
+        effects=call.effects,
     )
     return replace(tool, unavailable=reason)
 

@@ -140,10 +140,37 @@
   });
   document.addEventListener("htmx:sendError", function (e) {
     if (background(e)) {
-      status("down", "The server cannot be reached; retrying.");
+      suspend();
       return;
     }
     flash("The server cannot be reached. Your action was not sent.");
+  });
+
+  // -- an unreachable server: one quiet probe instead of every background read ---------------
+  // Each failed htmx request logs an error, and every list, counter and panel polls: while
+  // the server is down, background reads are held and one probe asks every PROBE_MS; the
+  // moment it answers, the reads resume and the live socket reconnects (issue 22, 8).
+  var PROBE_MS = 2000;
+  var reachable = true, probing = null;
+  function suspend() {
+    status("down", "The server cannot be reached; retrying every " + PROBE_MS / 1000 + " s.");
+    if (!reachable) return;
+    reachable = false;
+    probing = setInterval(probe, PROBE_MS);
+  }
+  function probe() {
+    fetch("/healthz", { cache: "no-store", credentials: "same-origin" }).then(function () {
+      if (reachable) return;
+      reachable = true;
+      clearInterval(probing);
+      probing = null;
+      status("live", "The server answers again; reconnecting the live feed…");
+      document.dispatchEvent(new Event("rt:reachable"));
+      htmx.trigger(document.body, "rt:poll");
+    }, function () {});
+  }
+  document.addEventListener("htmx:beforeRequest", function (e) {
+    if (!reachable && background(e)) e.preventDefault();
   });
   document.addEventListener("htmx:afterSwap", tickTimes);
 
@@ -185,10 +212,21 @@
     document.querySelectorAll("[data-testid=selected-count]").forEach(function (el) {
       el.textContent = String(n);
     });
+    var r = document.querySelectorAll("#calls input.rc-select:checked").length;
+    document.querySelectorAll("[data-testid=rc-selected-count]").forEach(function (el) {
+      el.textContent = String(r);
+    });
   }
   document.addEventListener("change", function (e) {
-    if (e.target.matches && e.target.matches("input.select")) updateSelected();
+    var all = e.target.matches && e.target.matches("[data-select-all]");
+    if (all) {
+      document.querySelectorAll("#calls input.rc-select").forEach(function (b) { b.checked = e.target.checked; });
+    }
+    if (all || (e.target.matches && e.target.matches("input.select"))) updateSelected();
   });
+  // A bulk answer swaps the cards it answered (out of band): the count follows what is
+  // still selected, never the number sent.
+  document.addEventListener("htmx:afterSettle", updateSelected);
 
   function cards() { return Array.prototype.slice.call(document.querySelectorAll("#tickets .ticket-card")); }
   function currentCard() {
@@ -261,7 +299,7 @@
 
   // -- a WebSocket that reconnects, and polls while it is down -----------------------------
   function socket(path, handlers) {
-    var delay = 1000, poll = null, closed = false;
+    var delay = 1000, poll = null, closed = false, timer = null;
     var url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + path;
     function startPoll() {
       if (poll === null && handlers.onPoll) poll = setInterval(handlers.onPoll, POLL_MS);
@@ -269,8 +307,13 @@
     function stopPoll() { if (poll !== null) { clearInterval(poll); poll = null; } }
     var ws;
     function open() {
+      timer = null;
       try { ws = new WebSocket(url); } catch (err) { startPoll(); return; }
-      ws.onopen = function () { delay = 1000; stopPoll(); if (handlers.onOpen) handlers.onOpen(); };
+      var opened = false;
+      ws.onopen = function () {
+        opened = true; delay = 1000; stopPoll();
+        if (handlers.onOpen) handlers.onOpen();
+      };
       ws.onmessage = function (e) {
         var data;
         try { data = JSON.parse(e.data); } catch (err) { return; }
@@ -281,10 +324,19 @@
         if (e.code === 4404) { status("down", "This run does not exist."); return; }
         if (handlers.onDown) handlers.onDown();
         startPoll();
-        setTimeout(open, delay);
-        delay = Math.min(delay * 2, 15000);
+        // A reconnect that never opened says the server is gone: wait for the probe, which
+        // reconnects the moment it answers, instead of backing off past its return.
+        if (!opened && delay > 1000) { suspend(); return; }
+        timer = setTimeout(open, delay);
+        delay = Math.min(delay * 2, 4000);
       };
     }
+    document.addEventListener("rt:reachable", function () {
+      if (closed || (ws && ws.readyState <= 1)) return;
+      if (timer !== null) clearTimeout(timer);
+      delay = 1000;
+      open();
+    });
     open();
     return { close: function () { closed = true; stopPoll(); if (ws) ws.close(); } };
   }
@@ -312,7 +364,7 @@
   // -- the run page: committed panels plus the live, unconfirmed stream --------------------
   function startRun(panel) {
     // The stream of one claim of one attempt of one step; any change starts it afresh.
-    var live = { step: 0, attempt: 0, claim: null, text: "", tools: [], seq: 0, last: 0 };
+    var live = { step: 0, attempt: 0, claim: null, text: "", from: null, tools: [], seq: 0, last: 0 };
     var textEl = document.getElementById("live-text");
     var toolsEl = document.getElementById("live-tools");
     var stepEl = document.getElementById("live-step");
@@ -321,6 +373,7 @@
     function ended() { var c = committed(); return c && c.dataset.state === "ended"; }
     function clear(note) {
       live.text = "";
+      live.from = null;  // the offset, in the attempt's text, where live.text starts
       live.tools = [];
       stepEl.textContent = note || "";
       render();
@@ -383,7 +436,17 @@
       }
       live.claim = claim;
       if (d.kind === "text") {
-        live.text += d.text || "";
+        var piece = d.text || "";
+        // A text delta says where it goes (offset): what the checkpoint already gave is
+        // skipped, never shown twice; a gap is marked, never papered over (issue 22, 4).
+        if (typeof d.offset === "number" && live.from !== null) {
+          var have = live.from + live.text.length;
+          if (d.offset + piece.length <= have) { arm(); return; }
+          if (d.offset < have) piece = piece.slice(have - d.offset);
+          else if (d.offset > have) piece = " … " + piece;
+        }
+        live.text += piece;
+        if (typeof d.offset === "number" && live.from === null) live.from = d.offset;
       } else if (d.kind === "tool_call") {
         var t = live.tools[d.index];
         if (!t) t = live.tools[d.index] = { name: "", args: "", whole: !!d.name };
@@ -416,10 +479,12 @@
       if (c && String(m.version) !== c.dataset.version) refresh(c);
       // The stream so far (the worker's checkpoint), so a late viewer sees the opening words.
       if (m.stream && m.stream.text !== undefined && m.version === live.seq) {
-        live.step = m.stream.step; live.attempt = m.stream.attempt; live.claim = null;
+        live.step = m.stream.step; live.attempt = m.stream.attempt;
+        live.claim = m.stream.claim === undefined ? null : m.stream.claim;
         clear("Step " + live.step + ", attempt " + live.attempt + " (unconfirmed; the start is " +
-              "from the worker's last checkpoint, words since then may be missing)");
+              "from the worker's last checkpoint)");
         live.text = m.stream.text;
+        live.from = 0;
         arm();
         render();
       }

@@ -91,6 +91,7 @@ def test_the_openapi_schema_is_served_without_a_token():
         ("GET", "/api/v1/runs/{run_id}/commits"),
         ("POST", "/api/v1/runs/{run_id}/resume"),
         ("POST", "/api/v1/runs/{run_id}/cancel"),
+        ("POST", "/api/v1/runs/{run_id}/fork"),
         ("GET", "/api/v1/runs/{run_id}/events"),
         ("GET", "/api/v1/tickets"),
         ("GET", "/api/v1/tool-calls"),

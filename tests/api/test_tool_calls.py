@@ -161,3 +161,17 @@ def test_a_malformed_reconciliation_is_422(api, sealed, body):
 @pytest.mark.parametrize("params", [{"phase": "sleeping"}, {"all": "perhaps"}, {"limit": 0}])
 def test_bad_tool_call_filters_are_422(api, params):
     assert api.get("/tool-calls", **params).status_code == 422
+
+
+def test_calls_by_tool_agent_and_seal_reason(api, sealed):
+    """The Reconcile queue's filters (issue 22): tool, agent and why the call was sealed."""
+    (_, call_id) = sealed["started"]
+    items = api.get("/tool-calls", phase="indeterminate", all="true", reason="cancelled")
+    assert {i["call_id"] for i in items.json()["items"]} == {call_id, sealed["never"][1]}
+    assert api.get("/tool-calls", reason="failed").json()["items"] == []
+    assert error_of(api.get("/tool-calls", reason="bored"))["code"] == "validation_error"
+    named = api.get("/tool-calls", phase="indeterminate", tool="ledger_approval", agent="demo")
+    (item,) = named.json()["items"]
+    assert item["call_id"] == call_id and item["effects"] == "once"
+    assert api.get("/tool-calls", tool="wait").json()["items"] == []
+    assert api.get("/tool-calls", agent="nobody").json()["items"] == []

@@ -55,7 +55,7 @@ def test_gated_mcp_call_is_approved_in_the_browser_and_runs_once(effects, stack,
     card = inbox.locator(".ticket-card", has_text="effects__delete")
     expect(card).to_contain_text("k-7")
     expect(card.locator("[data-testid=mcp-source]")).to_contain_text("MCP server effects")
-    card.get_by_role("button", name="Approve", exact=True).click()
+    card.get_by_role("button", name=re.compile(r"^Approve #")).click()
     expect(card.locator("[data-outcome]")).to_contain_text("Approved by olga")
     inbox.close()
 

@@ -23,6 +23,7 @@ from runtime.domain.events import (
 )
 from runtime.domain.model import (
     Disposition,
+    Effects,
     EndCause,
     Message,
     Permission,
@@ -80,7 +81,8 @@ class RunDriver:
         )
 
     def open_batch(self, *specs: dict[str, Any], text: str = "") -> list[ToolCall]:
-        """specs: {"name", "arguments", "permission"?, "policy"?}; returns the calls."""
+        """specs: {"name", "arguments", "permission"?, "policy"?, "effects"?}; returns the
+        calls."""
         step = self.view.step + 1
         calls = []
         for index, spec in enumerate(specs):
@@ -97,6 +99,7 @@ class RunDriver:
                     policy=RecoveryPolicy(spec.get("policy", "indeterminate")),
                     permission=Permission(spec.get("permission", "allow")),
                     max_attempts=spec.get("max_attempts", 1),
+                    effects=Effects(spec.get("effects", "once")),
                 )
             )
         message = Message(

@@ -71,6 +71,16 @@ def test_deny_with_a_reason(approver, approval_run):
     call = call_of(run.run_id)
     assert call["phase"] == "completed" and call["is_error"]
     assert "not this invoice" in call["result"]
+    # Issue 22, defect 6: a denial never looks like success, on the card or the run page.
+    html = response.content.decode()
+    assert 'class="notice denied"' in html and 'class="notice ok"' not in html
+    assert "ticket-card kind-approval done denied" in html
+    page = approver.get(reverse("console:run", args=[run.run_id])).content.decode()
+    assert 'badge phase-denied" data-testid="call-outcome">denied<' in page
+    assert "phase-completed" not in page  # neither the call nor the batch summary
+    assert "denied: the tool did not run" in page
+    late = answer(approver, ticket_id, decision="approve")  # told later: still not green
+    assert late.status_code == 409 and b'class="notice denied"' in late.content
 
 
 def test_wrong_decision_for_the_kind(approver, approval_run, input_run):
@@ -188,7 +198,8 @@ def test_second_answer_is_told_who_answered_and_when(client_for, approval_run):
     assert late.status_code == 409
     ticket = Ticket.objects.get(id=ticket_id)
     stamp = ticket.closed_at.strftime("%Y-%m-%d %H:%M:%S UTC")
-    assert f"Already answered: approved by first at {stamp}." in late.content.decode()
+    html = late.content.decode()
+    assert "Already answered: approved by first at <time" in html and f">{stamp}</time>." in html
     assert b'value="deny"' not in late.content  # the forms are gone
     assert ThreadCommit.objects.count() == commits
 

@@ -341,12 +341,56 @@ def test_run_again_starts_a_new_run_on_the_thread(operator, new_run):
 
     run = new_run(input="Summarise the ledger.")
     run.text_step("Done.", end=True)
-    response = operator.post(reverse("console:run_again", args=[run.run_id]))
+    asked = operator.post(reverse("console:run_again", args=[run.run_id]))  # asks first
+    assert asked.status_code == 200 and Run.objects.count() == 1
+    assert b"called no tool with an external effect" in asked.content
+    response = operator.post(reverse("console:run_again", args=[run.run_id]), {"confirm": "yes"})
     assert response.status_code == 302
     new = Run.objects.exclude(id=run.run_id).get()
     assert new.thread_id == run.view.thread_id and new.agent == "demo"
     assert MessageRecord.objects.get(run_id=new.id, role="user").content == (
         "Summarise the ledger."
     )
-    again = operator.post(reverse("console:run_again", args=[new.id]))  # not ended: refused
-    assert again.status_code == 302 and Run.objects.count() == 2
+    again = operator.post(reverse("console:run_again", args=[new.id]), {"confirm": "yes"})
+    assert again.status_code == 302 and Run.objects.count() == 2  # not ended: refused
+
+
+def test_run_again_names_what_it_calls_again_before_starting(operator, viewer, new_run):
+    """Issue 22, defect 1: "Run again" asks first, naming the tools with external effects it
+    calls again and the original's applied and Indeterminate calls."""
+    from runtime import operations
+    from runtime.models import Run
+
+    run = new_run(input="Charge and wait.")
+    charged, waited, unsure = run.open_batch(
+        {"name": "ledger_once", "arguments": {"key": "charge-1"}},
+        {"name": "wait", "arguments": {"seconds": 1}, "effects": "none"},
+        {"name": "ledger_replay", "arguments": {"key": "r"}, "effects": "idempotent"},
+    )
+    run.execute(charged)
+    run.complete(charged, '{"recorded": "charge-1"}')
+    run.execute(waited)
+    run.complete(waited, '{"waited": 1}')
+    run.execute(unsure)
+    run.fail("the worker died during the call")
+    url = reverse("console:run_again", args=[run.run_id])
+    page = operator.get(url)
+    html = page.content.decode()
+    assert page.status_code == 200 and Run.objects.count() == 1
+    assert [t["name"] for t in page.context["cost"]["tools"]] == ["ledger_once", "ledger_replay"]
+    assert "<b>wait</b>" not in html  # no external effect: not named as a cost
+    assert [c["call_id"] for c in page.context["cost"]["applied"]] == [charged.call_id]
+    assert [c["call_id"] for c in page.context["cost"]["indeterminate"]] == [unsure.call_id]
+    assert charged.operation_id in html and "not reconciled" in html
+    assert "calling 2 tools with effects again" in html
+    operations.reconcile(unsure.call_id, outcome="applied", evidence="row 9", actor="olga")
+    cost = operator.get(url).context["cost"]
+    assert [c["call_id"] for c in cost["applied"]] == [charged.call_id, unsure.call_id]
+    assert cost["indeterminate"] == []
+    assert "reconciled applied" in operator.get(url).content.decode()
+    # the run page links to the question, not to a one-click start
+    run_page = operator.get(reverse("console:run", args=[run.run_id])).content.decode()
+    assert f'href="{url}"' in run_page and 'action="' + url not in run_page
+    assert viewer.post(url, {"confirm": "yes"}).status_code == 403
+    assert operator.post(url, {"confirm": "yes"}).status_code == 302
+    assert Run.objects.count() == 2

@@ -17,6 +17,7 @@ from runtime.domain.model import (
     CallPhase,
     Decision,
     Disposition,
+    Effects,
     EndCause,
     Permission,
     RecoveryPolicy,
@@ -187,6 +188,25 @@ def test_seal_says_whether_an_effect_may_have_started(from_, started):
     assert sealed.effect_may_have_started is started
     assert call.operation_id in (sealed.result or "")
     assert ("may have taken effect" in (sealed.result or "")) is started
+
+
+@pytest.mark.parametrize("from_", [R, X, A])
+@pytest.mark.parametrize("effects", list(Effects))
+def test_a_tool_without_external_effects_leaves_nothing_to_check(from_, effects):
+    """Issue 22: the pinned effects decide with the attempt; "none" is never reconciled."""
+    sealed = t.seal_indeterminate(replace(call_in(from_), effects=effects), "the run was cancelled")
+    started = from_ is not R
+    assert sealed.phase is I and sealed.is_error
+    assert sealed.effect_may_have_started is (started and effects is not Effects.NONE)
+    text = sealed.result or ""
+    assert text.startswith("No external effect; nothing to check: the run was cancelled") is (
+        started and effects is Effects.NONE
+    )
+    assert "op1" in text
+
+
+def test_a_call_logged_before_effects_reads_as_once():
+    assert ToolCall.__dataclass_fields__["effects"].default is Effects.ONCE
 
 
 def test_seal_from_requested_after_an_awaiting_call_never_started():

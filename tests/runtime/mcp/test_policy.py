@@ -16,7 +16,7 @@ from mcp.types import (
     ToolAnnotations,
 )
 
-from runtime.domain.model import Permission, RecoveryPolicy
+from runtime.domain.model import Effects, Permission, RecoveryPolicy
 from runtime.mcp.config import HttpServer, StdioServer, ToolOverride, parse_servers
 from runtime.mcp.policy import derive
 from runtime.mcp.results import looked_up, result_text
@@ -47,6 +47,36 @@ def test_policy_from_annotations(hints, expected):
         *expected,
         None,
     )
+
+
+@pytest.mark.parametrize(
+    ("hints", "expected"),
+    [
+        (None, Effects.ONCE),
+        ({}, Effects.ONCE),
+        ({"read_only_hint": True}, Effects.NONE),
+        ({"read_only_hint": True, "destructive_hint": True}, Effects.NONE),
+        ({"idempotent_hint": True}, Effects.IDEMPOTENT),
+        ({"destructive_hint": True, "idempotent_hint": True}, Effects.IDEMPOTENT),
+        ({"destructive_hint": False}, Effects.ONCE),
+    ],
+)
+def test_effects_from_annotations(hints, expected):
+    """readOnlyHint: nothing outside changes; idempotentHint: repeats apply once (issue 22)."""
+    assert derive(None if hints is None else ToolAnnotations(**hints)).effects is expected
+    override = ToolOverride(effects=Effects.NONE)
+    assert derive(None if hints is None else ToolAnnotations(**hints), override).effects is (
+        Effects.NONE
+    )
+
+
+def test_effects_override_parses_from_json():
+    (server,) = parse_servers(
+        [{"name": "s", "command": "x", "tools": {"ping": {"effects": "none"}}}]
+    )
+    assert server.tools["ping"].effects is Effects.NONE
+    with pytest.raises(ValueError, match="effects"):
+        parse_servers([{"name": "s", "command": "x", "tools": {"ping": {"effects": "maybe"}}}])
 
 
 @pytest.mark.parametrize(
