@@ -31,6 +31,13 @@ def test_a_server_error_is_logged_to_stderr(tmp_path) -> None:
     log, port = tmp_path / "server.log", free_port()
     command = [*manage, "runtime_serve", "--no-worker", "--skip-checks", "--port", str(port)]
     with serving(env, log, command=command, port=port) as url:
+        # The port is bound before the server has finished starting (it checks the database
+        # after binding, and stops if it cannot use it): wait until it serves, then take the
+        # database away.
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/readyz", timeout=30).status_code != 200:
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
         folder.rename(tmp_path / "gone")  # the file can no longer be opened
         headers = {"Authorization": "Bearer rt_x"}  # the token lookup needs the database
         response = httpx.get(f"{url}/api/v1/runs", headers=headers, timeout=30)
