@@ -225,7 +225,7 @@ def test_the_reviewers_tasks_in_a_shift(stack, page, sign_in):
         shift.goto(f"{base}/runs/{long_run}/")
         # The browser's find (Ctrl-F, "call 57", Enter: 9 keys); headless Chromium has no
         # find bar, so window.find does what it does, folded batches included.
-        shift.current["keys"] += 9  # type: ignore[index]
+        shift.current["keys"] += 9
         assert page.evaluate("window.find('call 57')") is True
         # The first match is call 57's line in its batch's summary (a folded batch shows it),
         # the card itself is one Enter further.
@@ -242,7 +242,7 @@ def test_the_reviewers_tasks_in_a_shift(stack, page, sign_in):
         card = None
         for _ in range(3):  # Enter, until the match is the card
             assert page.evaluate("window.find('call 57')") is True
-            shift.current["keys"] += 1  # type: ignore[index]
+            shift.current["keys"] += 1
             card = page.evaluate(
                 "() => { const n = getSelection().anchorNode;"
                 " const el = n && (n.nodeType === 1 ? n : n.parentElement);"
