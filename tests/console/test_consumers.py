@@ -106,6 +106,7 @@ async def test_committed_state_first_then_deltas_and_commits(users, awaiting):
         "index": 0,
         "name": None,
         "call_id": None,
+        "offset": None,  # a delta sent without its place in the attempt's text
     }
     await layer.group_send(
         run_group(awaiting.run_id),
@@ -277,5 +278,12 @@ async def test_hello_carries_the_in_flight_steps_text_so_far(users, new_run):
     comm = communicator(f"/ws/runs/{run.run_id}/", users["viewer"])
     assert (await comm.connect())[0]
     hello = await comm.receive_json_from()
-    assert hello["stream"] == {"step": 1, "attempt": 1, "text": "The opening words"}
+    # No claim: the checkpoint was not written by a worker's stream (it carries its lease
+    # epoch when it is, so a late viewer can tell a takeover's text from the dead worker's).
+    assert hello["stream"] == {
+        "step": 1,
+        "attempt": 1,
+        "text": "The opening words",
+        "claim": None,
+    }
     await comm.disconnect()

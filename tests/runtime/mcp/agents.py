@@ -13,15 +13,19 @@ import sys
 from pathlib import Path
 
 from runtime.agents import Agent
-from runtime.domain.model import Permission, RecoveryPolicy
+from runtime.domain.model import Effects, Permission, RecoveryPolicy
 from runtime.mcp import HttpServer, StdioServer, ToolOverride
 
 SERVER = Path(__file__).with_name("effects_server.py")
 
 # upsert keeps its annotation-derived policy; lookup_effects is overridden to reconnect (asking
-# find_effect by operation id), so the crash matrix covers all three policies.
+# find_effect by operation id), so the crash matrix covers all three policies. Its annotation
+# says read-only, but it records an effect (that is what the tests count): its effects are
+# declared "once", so an unclassified call is one to reconcile.
 OVERRIDES = {
-    "lookup_effects": ToolOverride(policy=RecoveryPolicy.RECONNECT, lookup="find_effect"),
+    "lookup_effects": ToolOverride(
+        policy=RecoveryPolicy.RECONNECT, lookup="find_effect", effects=Effects.ONCE
+    ),
 }
 
 
