@@ -80,16 +80,17 @@ def claim(worker_id: str) -> Claim | None:
     return taken[0] if taken else None
 
 
-def claim_many(worker_id: str, limit: int) -> list[Claim]:
+def claim_many(worker_id: str, limit: int, driving: tuple[str, ...] = ()) -> list[Claim]:
     """Take the leases of up to ``limit`` runnable runs, oldest first, in one statement;
     return them (empty when none is runnable). Runs other workers hold are skipped, never
     waited for (SKIP LOCKED on PostgreSQL; SQLite has one writer at a time)."""
     ttl = conf.lease_ttl()
     if connection.vendor == "postgresql":
-        return _claim_postgres(worker_id, ttl, limit)
+        return _claim_postgres(worker_id, ttl, limit, driving)
     with transaction.atomic():  # IMMEDIATE: the write lock is taken at BEGIN
         ids = list(
             Run.objects.runnable(db_now())
+            .exclude(id__in=driving)
             .order_by("committed_at")
             .values_list("id", flat=True)[:limit]
         )
@@ -116,7 +117,9 @@ def claim_many(worker_id: str, limit: int) -> list[Claim]:
 CLAIMED = ("id", "thread_id", "lease_epoch", "claims", "failures", "snapshot", "metadata")
 
 
-def _claim_postgres(worker_id: str, ttl: Any, limit: int) -> list[Claim]:
+def _claim_postgres(
+    worker_id: str, ttl: Any, limit: int, driving: tuple[str, ...] = ()
+) -> list[Claim]:
     """One statement: lock up to ``limit`` runnable runs (skipping locked ones), take their
     leases, and return each with its thread's version and committed messages (so the driver
     reads nothing before its first inference)."""
@@ -126,14 +129,14 @@ def _claim_postgres(worker_id: str, ttl: Any, limit: int) -> list[Claim]:
         cursor.execute(
             f"WITH picked AS (SELECT id FROM {run} WHERE state = 'running' "
             "  AND (lease_expires_at IS NULL OR lease_expires_at < now()) "
-            "  ORDER BY committed_at LIMIT %s FOR UPDATE SKIP LOCKED) "
+            "  AND NOT (id = ANY(%s)) ORDER BY committed_at LIMIT %s FOR UPDATE SKIP LOCKED) "
             f"UPDATE {run} AS r SET lease_owner = %s, lease_expires_at = now() + %s, "
             "lease_epoch = r.lease_epoch + 1, claims = r.claims + 1 "
             f"FROM picked, {thread} AS t WHERE r.id = picked.id AND t.id = r.thread_id "
             "RETURNING r.id, r.thread_id, r.lease_epoch, r.claims, r.failures, r.snapshot, "
             f"r.metadata, t.version, (SELECT coalesce(jsonb_agg(jsonb_build_array({columns}) "
             f"ORDER BY m.seq, m.idx), '[]') FROM {message} AS m WHERE m.thread_id = r.thread_id)",
-            [limit, worker_id, ttl],
+            [list(driving), limit, worker_id, ttl],
         )
         rows = cursor.fetchall()
     return [_claimed(worker_id, ttl, row) for row in rows]
@@ -372,7 +375,9 @@ class Worker:
         free = min(self.max_inflight - len(self.drivers), CLAIM_BATCH)
         if free <= 0:
             return False
-        taken = await services.db(claim_many, self.worker_id, free)
+        # Never its own runs: a lease that lapsed while its driver still works (a heartbeat
+        # late on a loaded machine) is renewed by the next beat, not claimed again.
+        taken = await services.db(claim_many, self.worker_id, free, tuple(self.held))
         for claimed in taken:
             log.info("run %s: claimed (epoch %s)", claimed.run_id, claimed.lease.epoch)
             task = asyncio.ensure_future(self._drive(claimed, services))
