@@ -40,6 +40,7 @@ def _storable_json(value: Any) -> Any:
 
 Id = Annotated[str, Field(min_length=1, max_length=64, pattern=ID_PATTERN)]
 AgentName = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_storable_text)]
+StorableText = Annotated[str, AfterValidator(_storable_text)]  # no NUL, no lone surrogate
 JsonValue = Annotated[Any, AfterValidator(_storable_json)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]

@@ -18,6 +18,7 @@ from console.api.schemas import (
     Id,
     ReconcileIn,
     ReconciliationOut,
+    StorableText,
     ToolCallPageOut,
 )
 from runtime import operations
@@ -41,8 +42,8 @@ class CallFilters(Schema):
         'reconciliation was recorded for yet (the console\'s "To check" list)',
     )
     run: Id | None = Field(None, description="a run id")
-    tool: str | None = Field(None, max_length=200, description="a tool's name")
-    agent: str | None = Field(None, max_length=100, description="the run's agent")
+    tool: StorableText | None = Field(None, max_length=200, description="a tool's name")
+    agent: StorableText | None = Field(None, max_length=100, description="the run's agent")
     reason: Literal[tuple(SEAL_REASONS)] | None = Field(  # type: ignore[valid-type]
         None, description="why an Indeterminate call was sealed: " + ", ".join(SEAL_REASONS)
     )
