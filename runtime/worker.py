@@ -36,14 +36,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import InterfaceError, connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
 from psycopg_pool import PoolTimeout
 
 from runtime import codec, conf, logs, metrics, registry, timers
 from runtime.coordinator import WAKE_CHANNEL, Lease
-from runtime.db import db_later, db_now, keep_usable, reserve_connections, size_pool
+from runtime.db import (
+    db_later,
+    db_now,
+    keep_usable,
+    reserve_connections,
+    size_pool,
+    unavailable,
+)
 from runtime.domain.model import EndCause, RunState
 from runtime.errors import LeaseLost
 from runtime.loop import Frontier, Services, ThreadPool, drive
@@ -182,8 +189,9 @@ def release(lease: Lease, run_id: str, *, failed: bool = False) -> None:
 def trouble(exc: BaseException) -> tuple[str, str] | None:
     """What a failure says of the worker's ability to work: ("pool_exhausted" or
     "database_unreachable", one line), or None when it is not a connection problem (a run's
-    or the code's own)."""
-    if not isinstance(exc, OperationalError | InterfaceError):
+    or the code's own). Which failures are the database's is ``runtime.db.unavailable``'s
+    rule, the same the API answers 503 by; this only tells the worker's two states apart."""
+    if not unavailable(exc):
         return None
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     if isinstance(exc.__cause__, PoolTimeout) or "too many clients" in line:
@@ -193,7 +201,7 @@ def trouble(exc: BaseException) -> tuple[str, str] | None:
     return None
 
 
-def connection_lost(exc: OperationalError) -> bool:
+def connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` means the connection failed or broke (not a statement's own error)."""
     sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
     return sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03") or not sqlstate
