@@ -107,6 +107,7 @@ class RunFilterForm(forms.Form):
         "operation id (prefix)",
     )
     unreconciled = forms.BooleanField(required=False, label="Needs reconciliation")
+    paused = forms.BooleanField(required=False, label="Paused")
     since = forms.DateTimeField(
         required=False,
         label="Started from",
@@ -199,6 +200,12 @@ class CancelForm(forms.Form):
     confirm = forms.BooleanField(
         required=True, error_messages={"required": "Confirm that the run should be cancelled."}
     )
+
+
+class PauseForm(forms.Form):
+    """Pause or resume a run: the reason is recorded with the committed fact."""
+
+    reason = forms.CharField(required=False, max_length=500)
 
 
 class ReconcileForm(forms.Form):

@@ -29,6 +29,8 @@ EVENT_TYPES: dict[str, type] = {
         ev.BatchFinalized,
         ev.StateStaged,
         ev.RunForked,
+        ev.RunPaused,
+        ev.RunResumed,
         ev.ReconciliationRecorded,
     )
 }

@@ -397,6 +397,7 @@ def _plan_run(
         "claims": 0,
         "failures": 0,
         "plugin_state": run.plugin_state,
+        "paused": run.pause is not None,
     }
     if run.state is not RunState.RUNNING:  # nothing for a worker to do: the lease ends here
         fields.update(lease_owner=None, lease_expires_at=None)
@@ -421,9 +422,12 @@ def _plan_run(
     writes.calls = _changed_calls(run, before, now)
     _plan_tickets(writes, draft, before, run, now)
     writes.clear_checkpoint = any(isinstance(e, StepCommitted) for e in draft.events)
-    writes.notify = run.state is RunState.RUNNING and (
-        before is None or before.state is not RunState.RUNNING
-    )
+    writes.notify = runnable(run) and (before is None or not runnable(before))
+
+
+def runnable(run: RunView) -> bool:
+    """Whether a worker has something to do for ``run``: Running and not paused."""
+    return run.state is RunState.RUNNING and run.pause is None
 
 
 def _changed_calls(run: RunView, before: RunView | None, now: datetime) -> list[_Row]:

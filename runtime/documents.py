@@ -31,6 +31,7 @@ RUN_SUMMARY_FIELDS = (
     "created_by",
     "created_at",
     "committed_at",
+    "paused",
 )
 
 
@@ -195,6 +196,30 @@ def family(run: Run) -> dict[str, Any]:
     }
 
 
+def pause_document(run_id: str) -> dict[str, Any] | None:
+    """The run's open pause (README, "Pause"): ``{"ticket_id", "paused_by", "paused_at",
+    "reason", "line"}`` from its pause ticket in the committed snapshot, or None."""
+    ticket = Run.objects.filter(id=run_id).values_list("snapshot__pause", flat=True).first()
+    if not isinstance(ticket, dict):
+        return None
+    request = ticket.get("request") or {}
+    pause = {
+        "ticket_id": ticket.get("id"),
+        "paused_by": request.get("paused_by", ""),
+        "paused_at": request.get("paused_at"),
+        "reason": request.get("reason", ""),
+    }
+    return {**pause, "line": paused_line(pause)}
+
+
+def paused_line(pause: dict[str, Any] | None) -> str:
+    """``paused by X at T: reason`` for a run's pause (empty when it is not paused)."""
+    if not pause:
+        return ""
+    line = f"paused by {pause.get('paused_by') or 'an unnamed actor'} at {pause.get('paused_at')}"
+    return line + (f": {pause['reason']}" if pause.get("reason") else "")
+
+
 @consistent
 def run_document(run_id: str) -> dict[str, Any]:
     """Return the committed state of a run as the contract's run document.
@@ -202,7 +227,8 @@ def run_document(run_id: str) -> dict[str, Any]:
     Keys: id, thread_id, agent, state, end_cause, error, version, step, ticket (the ticket
     the run waits on, or None; a timer's carries ``due_at``), tickets (every open ticket,
     delegation tickets of children included), parent ({"run", "call"} or None), depth,
-    children ([{"id", "agent", "state", "end_cause", "call_id"}]), batches (with every call,
+    children ([{"id", "agent", "state", "end_cause", "call_id"}]), pause (None, or who paused
+    the run, when and why: ``pause_document``), batches (with every call,
     each with its pinned ``source``), mcp_servers (the MCP servers the run's calls used),
     messages (this run's committed messages), plugin_state (committed staged state by plugin
     key), created_at, committed_at; all read in one snapshot, so ``version`` is the commit it
@@ -239,6 +265,7 @@ def run_document(run_id: str) -> dict[str, Any]:
         "step": run.step,
         "ticket": ticket_document(ticket) if ticket else None,
         "tickets": [ticket_document(t) for t in open_tickets],
+        "pause": pause_document(run_id) if run.paused else None,
         **family(run),
         "plugin_state": run.plugin_state,
         "batches": list(batches.values()),

@@ -124,6 +124,27 @@ class NotAwaiting(RuntimeFault):
     status = 409
 
 
+class AlreadyPaused(RuntimeFault):
+    """The run is already paused; resume it first."""
+
+    code = "already_paused"
+    status = 409
+
+
+class NotPaused(RuntimeFault):
+    """The run is not paused; only a paused run is resumed."""
+
+    code = "not_paused"
+    status = 409
+
+
+class RunIsPaused(RuntimeFault):
+    """The run is paused: nothing new starts until an operator resumes it."""
+
+    code = "run_paused"
+    status = 409
+
+
 class TicketMismatch(RuntimeFault):
     """The command names a ticket, call or run other than the open ticket."""
 

@@ -94,6 +94,11 @@ def with_seal_reason(calls: QuerySet[ToolCallRecord], reason: str) -> QuerySet[T
     return matched
 
 
+def paused_runs() -> int:
+    """How many runs hold an open pause ticket (on the partial index of paused runs)."""
+    return Run.objects.filter(paused=True).count()
+
+
 def timers_due(now: datetime | None = None) -> int:
     """Open timer tickets whose due time has come."""
     return Ticket.objects.filter(

@@ -233,6 +233,11 @@ class LogCollector(Collector):
             value=inventory.unreconciled_calls().count(),
         )
         yield GaugeMetricFamily(
+            "runtime_paused_runs",
+            "Runs an operator paused that have not been resumed or ended.",
+            value=inventory.paused_runs(),
+        )
+        yield GaugeMetricFamily(
             "runtime_timers_due",
             "Open timer tickets whose time has come.",
             value=inventory.timers_due(),

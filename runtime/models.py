@@ -40,8 +40,8 @@ class Thread(models.Model):
 
 class RunQuerySet(models.QuerySet["Run"]):
     def runnable(self, now) -> RunQuerySet:
-        """Running runs whose lease is free or expired, oldest commit first."""
-        return self.filter(state="running").filter(
+        """Running runs that are not paused and whose lease is free or expired."""
+        return self.filter(state="running", paused=False).filter(
             Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
         )
 
@@ -75,6 +75,9 @@ class Run(models.Model):
     parent_call_id = models.CharField(max_length=32, null=True, blank=True)
     depth = models.PositiveIntegerField(default=0)
     plugin_state = models.JSONField(default=dict, blank=True)  # committed, by plugin key
+    # The run holds an open pause ticket (RunView.pause, whose request says who, when, why):
+    # no worker claims it until an operator resumes it.
+    paused = models.BooleanField(default=False)
     # Not columns: the console's runs list sets these on the rows it shows (_row_context).
     input_line: str
     waits_for: str
@@ -96,6 +99,10 @@ class Run(models.Model):
             ),
             # The runs list counts runs per (state, end cause) with an index-only scan.
             models.Index(fields=["state", "end_cause"], name="run_state_cause"),
+            # The runs list's "paused" filter and the paused-runs gauge.
+            models.Index(
+                fields=["-created_at"], name="run_paused_recent", condition=Q(paused=True)
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1,4 +1,4 @@
-"""The Python API every surface calls to change a run: start, resume, cancel, reconcile.
+"""The Python API every surface calls to change a run: start, resume, pause, cancel, reconcile.
 
 The console, the JSON API and the management commands call these and nothing else, so each
 rule lives once. Every write goes through the commit coordinator. A refused command raises a
@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from runtime import codec, conf, db, tracing
 from runtime.agents import get_agent
@@ -39,6 +40,8 @@ from runtime.domain.events import (
     Event,
     ReconciliationRecorded,
     RunActivated,
+    RunPaused,
+    RunResumed,
 )
 from runtime.domain.model import (
     Decision,
@@ -53,11 +56,13 @@ from runtime.domain.model import (
     ToolCall,
 )
 from runtime.errors import (
+    AlreadyPaused,
     CommittedUnread,
     IdempotencyKeyReused,
     InvalidCommit,
     InvalidInput,
     NotFound,
+    NotPaused,
     ReconciliationContradicts,
     RunEnded,
     RuntimeFault,
@@ -459,6 +464,116 @@ def cancel(
         return _answer(run_id, committed, "cancel", actor)
 
     return _answered(run_id, idempotency_key, {"cancel": reason}, act)
+
+
+def _kept(run: RunView) -> Disposition:
+    """The disposition a pause or resume commits: the one the run has (README, "Pause")."""
+    if run.state is RunState.AWAITING:
+        assert run.ticket is not None
+        return Disposition.awaiting(run.ticket)
+    return Disposition.running()
+
+
+def pause(
+    run_id: str,
+    *,
+    actor: str = "",
+    reason: str = "",
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """Pause a run; return the run document after the commit.
+
+    One commit opens the run's pause ticket (``RunPaused``, kind ``pause``, its request
+    ``{"reason", "paused_by", "paused_at"}``) and keeps its disposition: the run stops at its
+    next boundary (a call whose effect started finishes and its result is committed; nothing
+    new starts), no worker claims it, its open ticket stays answerable, and only
+    ``resume_run`` continues it. A cancel still ends it.
+
+    Raises NotFound, RunEnded (an ended run is never paused), AlreadyPaused (paused by
+    another actor, or with another reason: ``detail`` says by whom, when and why),
+    IdempotencyKeyReused; nothing is written on refusal. The same pause sent again by the
+    actor who paused it gets the run document and writes nothing (with or without a key).
+    Raises CommittedUnread when the pause was committed but the run could not be read.
+    """
+    _require_id(run_id, "run")
+    _storable(reason, "the reason")
+
+    def build(run: RunView) -> CommitDraft:
+        if run.state is RunState.ENDED:
+            raise RunEnded(end_cause=run.end_cause and run.end_cause.value)
+        ticket = ResumeTicket(
+            id=uuid.uuid4().hex,
+            run_id=run.run_id,
+            call_id="",
+            kind=TicketKind.PAUSE,
+            request={
+                "reason": reason,
+                "paused_by": actor,
+                "paused_at": timezone.now().isoformat(),
+            },
+        )
+        return CommitDraft(
+            thread_id=run.thread_id,
+            run_id=run.run_id,
+            expected_version=0,  # the head read with the run (_commit_retrying)
+            disposition=_kept(run),
+            events=(RunPaused(ticket=ticket),),
+            actor=actor,
+        )
+
+    def act() -> dict[str, Any]:
+        try:
+            committed = _commit_retrying(run_id, build)
+        except AlreadyPaused as refused:
+            if (refused.detail.get("paused_by"), refused.detail.get("reason")) != (actor, reason):
+                raise
+            committed = None  # the same pause, committed before: answered, not re-applied
+        return _answer(run_id, committed, "pause", actor)
+
+    return _answered(run_id, idempotency_key, {"pause": reason}, act)
+
+
+def resume_run(
+    run_id: str,
+    *,
+    actor: str = "",
+    reason: str = "",
+    ticket_id: str | None = None,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """Resume a paused run; return the run document after the commit.
+
+    One commit consumes the run's pause ticket (``RunResumed``) and keeps its disposition: a
+    Running run is claimable again by any worker and continues from its committed frontier;
+    an Awaiting run still waits on its own ticket. ``ticket_id``, when given, must name the
+    open pause ticket.
+
+    Raises NotFound, RunEnded, NotPaused (the run is not paused), TicketMismatch (another
+    ticket named), IdempotencyKeyReused; nothing is written on refusal. Raises
+    CommittedUnread when the resume was committed but the run could not be read.
+    """
+    _require_id(run_id, "run")
+    _storable([reason, ticket_id], "the command")
+
+    def build(run: RunView) -> CommitDraft:
+        if run.state is RunState.ENDED:
+            raise RunEnded(end_cause=run.end_cause and run.end_cause.value)
+        if run.pause is None:
+            raise NotPaused(state=run.state.value)
+        return CommitDraft(
+            thread_id=run.thread_id,
+            run_id=run.run_id,
+            expected_version=0,  # the head read with the run (_commit_retrying)
+            disposition=_kept(run),
+            events=(RunResumed(ticket_id=ticket_id or run.pause.id, reason=reason),),
+            actor=actor,
+        )
+
+    def act() -> dict[str, Any]:
+        committed = _commit_retrying(run_id, build)
+        return _answer(run_id, committed, "resume", actor)
+
+    return _answered(run_id, idempotency_key, {"resume": reason, "ticket_id": ticket_id}, act)
 
 
 def reconciliation_problem(outcome: str, evidence: str) -> str | None:

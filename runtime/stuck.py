@@ -69,10 +69,11 @@ def _live_workers(now: datetime) -> int:
 
 
 def holders(runs: Iterable[Run], now: datetime | None = None) -> dict[str, Holder]:
-    """``{run id: Holder}`` for the Running runs among ``runs`` (others are left out): two
-    queries whatever the number of runs (their owners' rows, and the live workers)."""
+    """``{run id: Holder}`` for the Running runs among ``runs`` that are not paused (others
+    are left out: a paused run waits for an operator, not a worker): two queries whatever
+    the number of runs (their owners' rows, and the live workers)."""
     now = now or timezone.now()
-    running = [r for r in runs if r.state == "running"]
+    running = [r for r in runs if r.state == "running" and not r.paused]
     if not running:
         return {}
     owners = {r.lease_owner for r in running if r.lease_owner}
@@ -113,7 +114,8 @@ def holders(runs: Iterable[Run], now: datetime | None = None) -> dict[str, Holde
 class Waiting:
     """What a run waits on, since when, in words; and its pending call, when it has one.
 
-    ``on``: "ticket" (an approval, an input, a timer, a child), "call" (a call is executing
+    ``on``: "resume" (an operator paused it), "ticket" (an approval, an input, a timer, a
+    child), "call" (a call is executing
     or next to run), "model" (the next inference), "children" (calls awaiting child runs),
     or "nothing" (ended). ``since`` is the committed moment the wait began. ``call`` is the
     first call of the open batch that is not terminal: {"call_id", "index", "name", "phase",
@@ -171,6 +173,13 @@ def waiting(doc: dict[str, Any], commits: Sequence[ThreadCommit]) -> Waiting:
             "started_at": attempts[-1]["at"] if attempts else None,
             "worker": attempts[-1]["worker"] if attempts else "",
         }
+    pause = doc.get("pause")
+    if pause:  # nothing moves until an operator resumes it (its ticket stays answerable)
+        at = pause.get("paused_at")
+        since = datetime.fromisoformat(at) if at else last
+        return Waiting(
+            on="resume", what=f"an operator to resume it ({pause['line']})", since=since, call=call
+        )
     ticket = doc.get("ticket")
     if ticket is not None:
         opened = Ticket.objects.filter(id=ticket["id"]).values_list("created_at", flat=True)

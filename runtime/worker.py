@@ -134,7 +134,7 @@ def _claim_postgres(
     columns = ", ".join(f"m.{name}" for name in MESSAGE_COLUMNS)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"WITH picked AS (SELECT id FROM {run} WHERE state = 'running' "
+            f"WITH picked AS (SELECT id FROM {run} WHERE state = 'running' AND NOT paused "
             "  AND (lease_expires_at IS NULL OR lease_expires_at < now()) "
             "  AND NOT (id = ANY(%s)) ORDER BY committed_at LIMIT %s FOR UPDATE SKIP LOCKED) "
             f"UPDATE {run} AS r SET lease_owner = %s, lease_expires_at = now() + %s, "
@@ -207,18 +207,21 @@ def connection_lost(exc: BaseException) -> bool:
     return sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03") or not sqlstate
 
 
-def renew(held: dict[str, Lease]) -> set[str]:
+def renew(held: dict[str, Lease]) -> tuple[set[str], set[str]]:
     """Renew every lease in ``held`` (run id -> lease) in one statement; return the ids whose
-    lease was renewed. A run missing from the answer left Running behind its owner's back (an
-    operator's cancel) or was taken over by another worker."""
+    lease was renewed, and those of them an operator paused. A run missing from the answer
+    left Running behind its owner's back (an operator's cancel) or was taken over by another
+    worker. A paused run keeps its lease until its driver lets it go: the call in flight
+    finishes and its result is committed (README, "Pause")."""
     if not held:
-        return set()
+        return set(), set()
     owned = Q()
     for run_id, lease in held.items():
         owned |= Q(id=run_id, lease_owner=lease.worker_id, lease_epoch=lease.epoch)
     mine = Run.objects.filter(owned, state="running")
     mine.update(lease_expires_at=db_later(conf.lease_ttl()))
-    return set(mine.values_list("id", flat=True))
+    rows = list(mine.values_list("id", "paused"))
+    return {run_id for run_id, _ in rows}, {run_id for run_id, paused in rows if paused}
 
 
 def problems() -> list[str]:
@@ -230,11 +233,13 @@ def problems() -> list[str]:
 @dataclass(slots=True)
 class Held:
     """A run this worker drives: its lease, and the events that stop its driver (``halt``:
-    the worker stops; both: the run was released)."""
+    the worker stops; with ``release``: the run was released; with ``pause``: an operator
+    paused it)."""
 
     lease: Lease
     halt: asyncio.Event
     release: asyncio.Event
+    pause: asyncio.Event
 
 
 class Worker:
@@ -417,7 +422,7 @@ class Worker:
             await asyncio.sleep(conf.heartbeat_seconds())
             held = {run_id: h.lease for run_id, h in self.held.items()}
             try:
-                renewed = await services.db(renew, held)
+                renewed, paused = await services.db(renew, held)
             except Exception as exc:  # a DB blip: the next beat tries again
                 if not self.observe(exc):
                     log.exception("heartbeat failed; retrying at the next beat")
@@ -428,6 +433,13 @@ class Worker:
                         log.warning("run %s: lease lost or run ended by another writer", run_id)
                         lost.release.set()
                         lost.halt.set()
+                for run_id in paused:
+                    if (
+                        stopping := self.held.get(run_id)
+                    ) is not None and not stopping.pause.is_set():
+                        log.info("run %s: paused by an operator; letting it go", run_id)
+                        stopping.pause.set()
+                        stopping.halt.set()
             await self._registry(services, registry.heartbeat, self.worker_id)
             if self.reported != self.problem:  # written once a connection allows
                 reason = self.problem[1] if self.problem else ""
@@ -475,7 +487,7 @@ class Worker:
         except Exception:
             log.exception("run %s: the poison check failed; the run is left to recovery", run_id)
             return
-        held = Held(taken.lease, asyncio.Event(), asyncio.Event())
+        held = Held(taken.lease, asyncio.Event(), asyncio.Event(), asyncio.Event())
         if self.stopping.is_set():
             held.halt.set()
         self.held[run_id] = held
@@ -487,6 +499,7 @@ class Worker:
                 services=services,
                 halt=held.halt,
                 release=held.release,
+                pause=held.pause,
                 frontier=taken.frontier,
             )
         except LeaseLost:
@@ -524,8 +537,9 @@ class Worker:
         return True
 
     def idle(self) -> bool:
-        """True when no run is Running at all (Awaiting and Ended runs need no worker)."""
-        return not Run.objects.filter(state="running").exists()
+        """True when no run is Running at all (Awaiting, paused and Ended runs need no
+        worker)."""
+        return not Run.objects.filter(state="running", paused=False).exists()
 
     # -- the synchronous entry ---------------------------------------------------------------
 

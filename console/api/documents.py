@@ -32,6 +32,7 @@ def run_summary(run: Run) -> dict[str, Any]:
         "created_by": run.created_by,
         "created_at": run.created_at.isoformat(),
         "committed_at": run.committed_at.isoformat() if run.committed_at else None,
+        "paused": run.paused,
     }
 
 

@@ -1,4 +1,4 @@
-"""``/runs``: start, list and read runs, read their log, resume and cancel them."""
+"""``/runs``: start, list and read runs, read their log, resume, pause and cancel them."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from console.api.documents import (
     run_summary,
     with_active_batch,
 )
-from console.api.errors import errors
+from console.api.errors import Forbidden, errors
 from console.api.pagination import CURSOR_PATTERN, keyset_page
 from console.api.schemas import (
     MAX_SEQ,
@@ -29,12 +29,14 @@ from console.api.schemas import (
     EndCauseName,
     ForkIn,
     Id,
+    PauseIn,
     ResumeIn,
     RunIn,
     RunOut,
     RunPageOut,
     RunStateName,
 )
+from console.models import OPERATE
 from runtime import operations
 from runtime.documents import snapshot
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
@@ -62,6 +64,7 @@ class RunFilters(Schema):
     agent: AgentName | None = None
     thread: Id | None = Field(None, description="a thread id")
     parent: Id | None = Field(None, description="the parent run's id: its child runs")
+    paused: bool | None = Field(None, description="true: only paused runs; false: none of them")
     q: str | None = Field(
         None,
         min_length=1,
@@ -145,6 +148,7 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> dict[str, Any
         ("agent", filters.agent),
         ("thread_id", filters.thread),
         ("parent_run_id", filters.parent),
+        ("paused", filters.paused),
     ):
         if value is not None:
             rows = rows.filter(**{field: value})
@@ -198,6 +202,7 @@ def list_commits(
 
 
 def _command(payload: ResumeIn) -> ResumeCommand:
+    assert payload.ticket_id is not None  # ResumeIn requires it but for kind pause
     if payload.decision in ("approve", "deny"):
         decision, value = Decision(payload.decision), None
     elif payload.decision == "respond":
@@ -247,11 +252,28 @@ def resume_run(
     The same command sent again by the same user (same ticket, kind, decision, input or
     result, note and arguments) gets the run again (200) and writes nothing, with or without
     an ``Idempotency-Key``. 202 ``{committed, run_id, seq, message}``: the command was
-    committed, but the run could not be read after it; send it again for the run."""
+    committed, but the run could not be read after it; send it again for the run.
+
+    ``{"kind": "pause"}`` (optionally ``"decision": "resume"``, the pause's ``ticket_id`` and a
+    ``note``) answers the run's pause ticket: the run continues from its committed frontier on
+    any worker. It needs the operate permission (403 otherwise); 409 ``not_paused`` when the
+    run is not paused, ``run_ended`` when it has ended, ``ticket_mismatch`` for another
+    ticket id; nothing is written on refusal."""
     try:
-        document = operations.resume(
-            run_id, _command(payload), actor=actor(request), idempotency_key=idempotency_key
-        )
+        if payload.kind == "pause":
+            if not request.auth.has_perm(OPERATE):  # type: ignore[attr-defined]
+                raise Forbidden("resuming a paused run needs the operate permission")
+            document = operations.resume_run(
+                run_id,
+                actor=actor(request),
+                reason=payload.note,
+                ticket_id=payload.ticket_id,
+                idempotency_key=idempotency_key,
+            )
+        else:
+            document = operations.resume(
+                run_id, _command(payload), actor=actor(request), idempotency_key=idempotency_key
+            )
     except RuntimeFault as fault:
         raise _with_committed_run(fault, run_id) from None
     return with_active_batch(document)
@@ -280,6 +302,43 @@ def cancel_run(
         reason=payload.reason if payload else "",
         idempotency_key=idempotency_key,
     )
+    return with_active_batch(document)
+
+
+@router.post(
+    "/{run_id}/pause",
+    response={200: RunOut, 202: CommittedOut, **errors(400, 401, 403, 404, 409, 422)},
+    auth=operate_auth,
+    by_alias=True,
+    summary="Pause a run",
+)
+def pause_run(
+    request: HttpRequest,
+    run_id: Id,
+    payload: PauseIn | None = None,
+    idempotency_key: IdempotencyKey = None,
+) -> dict[str, Any]:
+    """Pause the run; 200 the run with its ``pause`` ("paused by X at T: reason").
+
+    One commit (a ``RunPaused`` event: a ticket of kind ``pause`` that only a resume answers)
+    keeps the run's state: it stops at its next boundary (a call whose effect started
+    finishes and its result is committed; nothing new starts), no worker holds it, its open
+    ticket stays answerable (answers wait for the resume), and a cancel still ends it. Resume
+    it with ``POST /runs/{id}/resume`` ``{"kind": "pause"}``. 409 ``run_ended`` (an ended run),
+    ``already_paused`` (paused by someone else or for another reason; ``detail`` says by whom,
+    when and why) write nothing and carry the committed run under ``detail.run``. The same
+    pause sent again by the user who paused it gets the run again and writes nothing. 202
+    ``{committed, run_id, seq, message}``: the pause was committed, but the run could not be
+    read after it."""
+    try:
+        document = operations.pause(
+            run_id,
+            actor=actor(request),
+            reason=payload.reason if payload else "",
+            idempotency_key=idempotency_key,
+        )
+    except RuntimeFault as fault:
+        raise _with_committed_run(fault, run_id) from None
     return with_active_batch(document)
 
 

@@ -55,6 +55,8 @@ Evidence = Annotated[str, Field(max_length=20_000), AfterValidator(_storable_tex
 RunStateName = Literal["running", "awaiting", "ended"]
 EndCauseName = Literal["natural", "step_limit", "cancelled", "stopped", "failed", "indeterminate"]
 TicketKindName = Literal["approval", "input", "delegation", "timer"]
+# What a resume command may name: a call's ticket, or the run's pause ticket (README, "Pause").
+ResumeKindName = Literal["approval", "input", "delegation", "timer", "pause"]
 TicketStateName = Literal["open", "consumed", "void"]
 CallPhaseName = Literal["requested", "executing", "awaiting", "completed", "indeterminate"]
 PolicyName = Literal["replay", "reconnect", "indeterminate"]
@@ -158,13 +160,16 @@ class ResumeIn(Schema):
     answers it; cancel the child to stop it): both refuse the rest with 409
     ``ticket_not_answerable``. ``arguments`` (approve only) replaces the model's arguments with
     an operator's edit; the model's stay on record. ``note`` is recorded as the reason.
+
+    ``kind: pause`` (``decision: resume`` or none, ``ticket_id`` optional: the run's open
+    pause ticket) resumes a paused run; it needs the operate permission, like the pause.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    ticket_id: Id
-    kind: TicketKindName
-    decision: Literal["approve", "deny", "input", "respond"] | None = None
+    ticket_id: Id | None = Field(None, description="the open ticket; optional for kind pause")
+    kind: ResumeKindName
+    decision: Literal["approve", "deny", "input", "respond", "resume"] | None = None
     input: JsonValue = None
     result: JsonValue = None
     arguments: dict[str, JsonValue] | None = Field(
@@ -176,6 +181,14 @@ class ResumeIn(Schema):
     @model_validator(mode="after")
     def _one_answer(self) -> ResumeIn:
         given = {"input", "result"} & self.model_fields_set
+        if self.kind == "pause":
+            if self.decision not in (None, "resume") or given or self.arguments is not None:
+                raise ValueError("kind 'pause' takes decision 'resume' and a note only")
+            return self
+        if self.ticket_id is None:
+            raise ValueError("ticket_id names the open ticket")
+        if self.decision == "resume":
+            raise ValueError("decision 'resume' answers only kind 'pause'")
         if "arguments" in self.model_fields_set and self.decision != "approve":
             raise ValueError("arguments ride only with decision 'approve'")
         if self.decision == "respond":
@@ -190,6 +203,14 @@ class ResumeIn(Schema):
 
 
 class CancelIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Note = ""
+
+
+class PauseIn(Schema):
+    """Pause a run; ``reason`` is recorded with the committed pause."""
+
     model_config = ConfigDict(extra="forbid")
 
     reason: Note = ""
@@ -313,6 +334,16 @@ class ChildOut(Schema):
     call_id: str | None = Field(None, description="the parent's delegate call")
 
 
+class PauseOut(Schema):
+    """A run's open pause: its ticket (kind pause) and who paused it, when and why."""
+
+    ticket_id: str
+    paused_by: str = ""
+    paused_at: Timestamp | None = None
+    reason: str = ""
+    line: str = Field(description='"paused by X at T: reason"')
+
+
 class RunOut(Schema):
     """The run document (shared with ``runtime_show --json``) plus ``active_batch``."""
 
@@ -327,6 +358,9 @@ class RunOut(Schema):
     ticket: TicketOut | None = Field(None, description="the ticket the run waits on, if any")
     tickets: list[TicketOut] = Field(
         default_factory=list, description="every open ticket (children's delegation tickets too)"
+    )
+    pause: PauseOut | None = Field(
+        None, description="the operator's pause, while the run is paused (resume answers it)"
     )
     parent: ParentOut | None = Field(None, description="the run and call this child answers")
     depth: int = Field(0, description="0 for a top-level run, 1 for its children, ...")
@@ -362,6 +396,7 @@ class RunSummaryOut(Schema):
     created_by: str = ""
     created_at: Timestamp
     committed_at: Timestamp | None = None
+    paused: bool = Field(False, description="an operator paused it (see the run's pause)")
 
 
 class RunPageOut(Schema):

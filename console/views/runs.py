@@ -1,4 +1,4 @@
-"""The runs list, the run page, starting and cancelling runs.
+"""The runs list, the run page, starting, pausing, resuming and cancelling runs.
 
 Everything shown is committed state (projections and the commit log); the live panel beside
 the run page is fed by ``console.consumers`` and is marked unconfirmed.
@@ -18,7 +18,7 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
-from console.forms import SCRIPT_EXAMPLES, CancelForm, RunFilterForm, StartRunForm
+from console.forms import SCRIPT_EXAMPLES, CancelForm, PauseForm, RunFilterForm, StartRunForm
 from console.models import OPERATE, READ
 from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, render_page
 from console.views.reconcile import mark_corrections
@@ -38,7 +38,8 @@ from runtime.models import (
 )
 
 PAGE_SIZE = 50
-LEASE_FIELDS = ("lease_owner", "lease_expires_at")  # who holds a Running run (runtime.stuck)
+# Who holds a Running run, and whether it is paused (runtime.stuck).
+LEASE_FIELDS = ("lease_owner", "lease_expires_at", "paused")
 STATES = ("running", "awaiting", "ended")
 CAUSES = ("natural", "step_limit", "cancelled", "stopped", "failed", "indeterminate")
 
@@ -71,6 +72,7 @@ def _counts(data: dict[str, Any] | None = None) -> dict[str, Any]:
         "states": [(s, states.get(s, 0)) for s in STATES],
         "causes": [(c, causes.get(c, 0)) for c in CAUSES],
         "unreconciled": flagged.values("run_id").distinct().count(),
+        "paused": base.filter(paused=True).count(),
     }
 
 
@@ -111,6 +113,8 @@ def _filtered(data: dict[str, Any]):
         rows = rows.filter(agent=data["agent"])
     if data.get("unreconciled"):
         rows = rows.filter(id__in=unreconciled_calls().values("run_id"))
+    if data.get("paused"):
+        rows = rows.filter(paused=True)
     key = data.get("meta_key") or ""
     return search.narrow(
         rows,
@@ -400,6 +404,39 @@ def cancel_run(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     return redirect("console:run", run_id=run_id)
 
 
+@needs(OPERATE, write=True)
+def pause_run(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Pause a run (``operations.pause``): it stops at its next boundary; a refusal (an ended
+    run, a run already paused) is shown on the run page with its status and writes nothing."""
+    return _pause_or_resume(
+        request, run_id, operations.pause, "Run paused: it stops at its next boundary."
+    )
+
+
+@needs(OPERATE, write=True)
+def resume_paused(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Resume a paused run (``operations.resume_run``): any worker continues it."""
+    return _pause_or_resume(request, run_id, operations.resume_run, "Run resumed.")
+
+
+def _pause_or_resume(request: HtmxHttpRequest, run_id: str, act: Any, done: str) -> HttpResponse:
+    form = PauseForm(request.POST)
+    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    try:
+        act(run_id, actor=actor(request), reason=reason)
+    except CommittedUnread as committed:  # it took effect; only the read after it failed
+        messages.success(request, f"{done} (commit #{committed.seq})")
+        return redirect("console:run", run_id=run_id)
+    except NotFound as exc:
+        raise Http404(str(exc)) from exc
+    except RuntimeFault as exc:
+        context = run_page_context(run_id)
+        context.update(pause_error=f"{exc.message} ({exc.code})")
+        return render_page(request, "console/run.html", context, status=exc.status)
+    messages.success(request, done)
+    return redirect("console:run", run_id=run_id)
+
+
 @needs(OPERATE)
 def start_run(request: HtmxHttpRequest) -> HttpResponse:
     """Start a run: an agent, the input, and a script for scripted agents."""
@@ -488,6 +525,44 @@ def bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
             operations.cancel(run_id, actor=actor(request), reason=reason)
         cancelled += 1
     messages.success(request, f"Cancelled {cancelled} run{'s' if cancelled != 1 else ''}.")
+    return redirect(f"{reverse('console:runs')}?{urlencode(query)}")
+
+
+@needs(OPERATE, write=True)
+def bulk_pause(request: HtmxHttpRequest) -> HttpResponse:
+    """Pause (``action=pause``) every matching run that has not ended and is not paused, or
+    resume (``action=resume``) every matching paused run; confirmed like ``bulk_cancel``."""
+    action = "resume" if request.POST.get("action") == "resume" else "pause"
+    form = RunFilterForm(request.POST)
+    form.is_valid()
+    data = {k: v for k, v in form.cleaned_data.items() if k not in ("after", "top")}
+    rows = _filtered(data).exclude(state="ended").filter(paused=action == "resume")
+    count = rows.count()
+    query = {k: v for k, v in request.POST.items() if k in RunFilterForm.base_fields and v}
+    context = {
+        "count": count,
+        "filters": query,
+        "cap": BULK_CANCEL_MAX,
+        "changed": False,
+        "action": action,
+    }
+    if request.POST.get("confirm") != "yes" or request.POST.get("expected", "") != str(count):
+        context["changed"] = request.POST.get("confirm") == "yes"
+        context["reason"] = request.POST.get("reason", "")
+        return render_page(request, "console/bulk_pause.html", context)
+    reason = request.POST.get("reason", "")[:500]
+    act = operations.resume_run if action == "resume" else operations.pause
+    changed = 0
+    for run_id in rows.order_by("created_at").values_list("id", flat=True)[:BULK_CANCEL_MAX]:
+        try:
+            act(run_id, actor=actor(request), reason=reason)
+        except CommittedUnread:  # done; only the read after it failed
+            pass
+        except RuntimeFault:  # it ended or changed meanwhile: refused, left as it is
+            continue
+        changed += 1
+    verb = "Resumed" if action == "resume" else "Paused"
+    messages.success(request, f"{verb} {changed} run{'s' if changed != 1 else ''}.")
     return redirect(f"{reverse('console:runs')}?{urlencode(query)}")
 
 

@@ -25,6 +25,8 @@ from runtime.domain.events import (
     ReconciliationRecorded,
     RunActivated,
     RunForked,
+    RunPaused,
+    RunResumed,
     StateStaged,
     StepCommitted,
 )
@@ -39,6 +41,7 @@ from runtime.domain.model import (
     Message,
     Reconciliation,
     ResumeCommand,
+    ResumeTicket,
     RunState,
     RunView,
     ThreadHead,
@@ -47,6 +50,7 @@ from runtime.domain.model import (
     ToolCall,
 )
 from runtime.errors import (
+    AlreadyPaused,
     IllegalTransition,
     InvalidCommit,
     InvalidDisposition,
@@ -54,8 +58,10 @@ from runtime.errors import (
     NotActiveRun,
     NotAwaiting,
     NotFound,
+    NotPaused,
     RunAlreadyActive,
     RunEnded,
+    RunIsPaused,
     TicketConsumed,
     TicketMismatch,
     TicketNotAnswerable,
@@ -63,8 +69,14 @@ from runtime.errors import (
 )
 
 RECONCILIATION_OUTCOMES = ("applied", "not_applied", "unknown")
-# What may happen to an Awaiting run: a validated resume, or sealing when it ends.
-AWAITING_EVENTS = (CallResumed, CallIndeterminate, BatchFinalized)
+# What may happen to an Awaiting run: a validated resume, or sealing when it ends, or an
+# operator's pause or resume.
+AWAITING_EVENTS = (CallResumed, CallIndeterminate, BatchFinalized, RunPaused, RunResumed)
+# What starts something new: refused while the run is paused (README, "Pause"). A result of a
+# call whose effect started, an answer to an open ticket, and the sealing of an ending run
+# are still committed.
+STARTING_EVENTS = (StepCommitted, BatchOpened, CallExecuting, CallAwaiting, ChildStarted, RunForked)
+PAUSE_EVENTS = (RunPaused, RunResumed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +137,11 @@ def _check_in_order(run: RunView, call: ToolCall) -> None:
 
 
 def _apply_event(run: RunView, event: Event) -> RunView:  # noqa: C901 - one branch per event
+    if run.pause is not None and isinstance(event, STARTING_EVENTS):
+        raise RunIsPaused(
+            f"run {run.run_id} is paused: {type(event).__name__} starts something new",
+            ticket_id=run.pause.id,
+        )
     match event:
         case StepCommitted(step=step):
             if run.open_batch is not None:
@@ -172,6 +189,10 @@ def _apply_event(run: RunView, event: Event) -> RunView:  # noqa: C901 - one bra
             if at_step != run.step or at_step < 1:
                 raise InvalidCommit(f"the fork point ends step {run.step}, not {at_step}")
             return run
+        case RunPaused(ticket=ticket):
+            return _pause(run, ticket)
+        case RunResumed(ticket_id=ticket_id):
+            return _unpause(run, ticket_id)
         case RunActivated() | ReconciliationRecorded():
             raise InvalidCommit(f"{type(event).__name__} cannot appear here")
     raise InvalidCommit(f"unknown event {event!r}")
@@ -211,6 +232,40 @@ def _open_batch(run: RunView, step: int, calls: tuple[ToolCall, ...]) -> RunView
     } & {c.operation_id for c in earlier}:
         raise InvalidCommit("a call id or operation id of an earlier batch is never reused")
     return replace(run, batches=(*run.batches, ToolBatch(step=step, calls=calls)))
+
+
+def _pause(run: RunView, ticket: ResumeTicket) -> RunView:
+    """Open the run's pause ticket (README, "Pause"); raises AlreadyPaused, InvalidCommit."""
+    if run.pause is not None:
+        raise AlreadyPaused(ticket_id=run.pause.id, **pause_detail(run.pause))
+    if ticket.kind is not TicketKind.PAUSE or ticket.run_id != run.run_id or ticket.call_id:
+        raise InvalidCommit("a pause ticket is of kind pause, names its run and no call")
+    if ticket.id in run.consumed_tickets or ticket.id in open_ticket_ids(run):
+        raise InvalidDisposition("a ticket is opened once")
+    return replace(run, pause=ticket)
+
+
+def _unpause(run: RunView, ticket_id: str) -> RunView:
+    """Consume the run's pause ticket; raises NotPaused, TicketConsumed, TicketMismatch."""
+    if run.pause is None:
+        if ticket_id in run.consumed_tickets:
+            raise TicketConsumed(ticket_id=ticket_id)
+        raise NotPaused(state=run.state.value)
+    if ticket_id != run.pause.id:
+        raise TicketMismatch(open_ticket=run.pause.id, given=ticket_id)
+    return replace(run, pause=None, consumed_tickets=(*run.consumed_tickets, ticket_id))
+
+
+def pause_detail(ticket: ResumeTicket) -> dict[str, JSON]:
+    """Who paused the run, when and why, from its pause ticket's request."""
+    request = ticket.request if isinstance(ticket.request, dict) else {}
+    return {key: request.get(key) for key in ("paused_by", "paused_at", "reason")}
+
+
+def open_ticket_ids(run: RunView) -> set[str]:
+    """The ids of every open ticket of the run: its own, its delegation waits, its pause."""
+    ids = {w.id for w in run.waits} | ({run.ticket.id} if run.ticket else set())
+    return ids | ({run.pause.id} if run.pause else set())
 
 
 def _start_child(run: RunView, event: ChildStarted) -> RunView:
@@ -427,23 +482,31 @@ def publication(batch: ToolBatch) -> tuple[Message, ...]:
     )
 
 
-def _apply_disposition(
+def _apply_disposition(  # noqa: C901 - one rule per edge
     before: RunState | None,
     run: RunView,
     disposition: Disposition,
     resumed: bool,
     delivered: bool = False,
+    pausing: bool = False,
 ) -> RunView:
     """``resumed``: the ticket the run waited on was consumed by this commit; ``delivered``:
-    a delegation ticket the run did not wait on was (DESIGN.md departure: delegation waits)."""
+    a delegation ticket the run did not wait on was (DESIGN.md departure: delegation waits);
+    ``pausing``: the commit pauses or resumes the run, which keeps its disposition."""
     to = disposition.state
+    if pausing and (to is not before or disposition.ticket != run.ticket):
+        raise _refuse_run(before, to, "a pause or resume keeps the run's disposition")
+    if run.pause is not None and before is RunState.RUNNING and to is RunState.AWAITING:
+        raise RunIsPaused(
+            f"run {run.run_id} is paused: it does not park on a ticket", ticket_id=run.pause.id
+        )
     if before is None and to is not RunState.RUNNING:
         raise _refuse_run(before, to, "a run activates as Running")
     if before is RunState.AWAITING and to is RunState.RUNNING and not resumed:
         raise _refuse_run(before, to, "only a validated ResumeCommand resumes an Awaiting run")
     if before is RunState.AWAITING and to is RunState.AWAITING:
         same = run.ticket is not None and run.ticket == disposition.ticket
-        if not (resumed or (delivered and same)):
+        if not (resumed or ((delivered or pausing) and same)):
             raise _refuse_run(before, to, "an Awaiting run waits on one ticket at a time")
     batch = run.open_batch
     if to is RunState.AWAITING:
@@ -464,8 +527,7 @@ def _apply_disposition(
     if to is RunState.ENDED:
         if batch is not None:
             raise _refuse_run(before, to, "an ending run seals and finalizes its open batch")
-        open_ids = {w.id for w in run.waits} | ({run.ticket.id} if run.ticket else set())
-        consumed = run.consumed_tickets + tuple(sorted(open_ids))
+        consumed = run.consumed_tickets + tuple(sorted(open_ticket_ids(run)))
         return replace(
             run,
             state=to,
@@ -473,6 +535,7 @@ def _apply_disposition(
             error=disposition.error,
             ticket=None,
             waits=(),
+            pause=None,
             consumed_tickets=consumed,
         )
     if batch and any(
@@ -544,6 +607,9 @@ def apply_commit(
     draft.disposition.validate()
     held = run.ticket
     delivered = False
+    pausing = any(isinstance(e, PAUSE_EVENTS) for e in events)
+    if pausing and (len(events) != 1 or draft.messages):
+        raise InvalidCommit("a pause or resume is a commit of its own")
     for event in events:
         if before is RunState.AWAITING and not isinstance(event, AWAITING_EVENTS):
             raise _refuse_run(
@@ -553,7 +619,7 @@ def apply_commit(
         delivered = delivered or isinstance(event, CallResumed)
     resumed = held is not None and held.id in run.consumed_tickets
     _check_messages(run, draft, activation)
-    run = _apply_disposition(before, run, draft.disposition, resumed, delivered)
+    run = _apply_disposition(before, run, draft.disposition, resumed, delivered, pausing)
     run = replace(run, version=version)
     active = None if run.state is RunState.ENDED else run.run_id
     return replace(head, version=version, active_run_id=active), run

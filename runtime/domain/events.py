@@ -135,6 +135,24 @@ class RunForked:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunPaused:
+    """An operator paused the run: ``ticket`` (kind ``pause``, no call) stays open until a
+    ``resume`` answers it. Nothing new starts meanwhile; a call whose effect started finishes
+    and its result is committed; no worker holds the run. The commit's actor paused it."""
+
+    ticket: ResumeTicket
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResumed:
+    """An operator answered the run's pause ticket: it continues from its committed frontier
+    on any worker."""
+
+    ticket_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReconciliationRecorded:
     """An operator recorded what the downstream system says of an Indeterminate call."""
 
@@ -157,5 +175,7 @@ Event = (
     | BatchFinalized
     | StateStaged
     | RunForked
+    | RunPaused
+    | RunResumed
     | ReconciliationRecorded
 )

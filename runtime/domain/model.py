@@ -47,6 +47,8 @@ class TicketKind(StrEnum):
     INPUT = "input"
     DELEGATION = "delegation"
     TIMER = "timer"
+    # An operator's pause of the whole run (no call): only a ``resume`` answers it.
+    PAUSE = "pause"
 
 
 class RecoveryPolicy(StrEnum):
@@ -92,6 +94,8 @@ class Decision(StrEnum):
     # The approver answers for the tool: the call completes with the supplied result and
     # never runs (seed: "Awaiting -> Completed: denied or externally completed").
     RESPOND = "respond"
+    # Answers a pause ticket: the run continues from its committed frontier.
+    RESUME = "resume"
 
 
 # Which decisions the log accepts for which ticket kind. A child's end answers its delegation
@@ -102,6 +106,7 @@ DECISIONS_FOR_KIND: dict[TicketKind, frozenset[Decision]] = {
     TicketKind.INPUT: frozenset({Decision.INPUT, Decision.DENY}),
     TicketKind.DELEGATION: frozenset({Decision.INPUT, Decision.DENY}),
     TicketKind.TIMER: frozenset({Decision.APPROVE, Decision.DENY}),
+    TicketKind.PAUSE: frozenset({Decision.RESUME}),
 }
 
 # Which decisions a person may send (console, API, CLI). A delegation ticket is answered only
@@ -113,6 +118,7 @@ OPERATOR_DECISIONS: dict[TicketKind, frozenset[Decision]] = {
     TicketKind.INPUT: DECISIONS_FOR_KIND[TicketKind.INPUT],
     TicketKind.DELEGATION: frozenset(),
     TicketKind.TIMER: frozenset({Decision.APPROVE}),
+    TicketKind.PAUSE: frozenset({Decision.RESUME}),
 }
 
 
@@ -121,7 +127,9 @@ class ResumeTicket:
     """One typed correlation and target that may resume an Awaiting Run.
 
     ``request`` is what the person or system is asked (JSON object); ``schema`` is the JSON
-    schema an input answer must satisfy (input tickets only).
+    schema an input answer must satisfy (input tickets only). A ``pause`` ticket belongs to
+    the run, not to a call (``call_id`` is empty); its request is ``{"reason", "paused_by",
+    "paused_at"}`` (see ``RunView.pause``).
     """
 
     id: str
@@ -287,6 +295,15 @@ class RunView:
     parent_call_id: str | None = None
     depth: int = 0
     plugin_state: dict[str, JSON] = field(default_factory=dict)  # by plugin key
+    # An operator's pause: a ticket of kind ``pause`` held beside the disposition (README,
+    # "Pause"). While it is open nothing new starts and no worker claims the run; only a
+    # ``resume`` consumes it. The disposition stays what the loop left (Running, or Awaiting
+    # its own ticket, which stays answerable).
+    pause: ResumeTicket | None = None
+
+    @property
+    def paused(self) -> bool:
+        return self.pause is not None
 
     def wait(self, ticket_id: str) -> ResumeTicket | None:
         return next((w for w in self.waits if w.id == ticket_id), None)

@@ -45,6 +45,7 @@ async def drive(
     services: Services,
     halt: asyncio.Event | None = None,
     release: asyncio.Event | None = None,
+    pause: asyncio.Event | None = None,
     frontier: Frontier | None = None,
 ) -> RunView | None:
     """Drive ``run_id`` from its committed frontier (see RunDriver); return the committed
@@ -59,6 +60,7 @@ async def drive(
                 services=services,
                 halt=halt,
                 release=release,
+                pause=pause,
                 frontier=frontier,
             ).drive()
 

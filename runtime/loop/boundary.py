@@ -105,6 +105,10 @@ class Boundary(Protocol):
         """True once the run was ended by another writer or the lease was lost."""
         ...
 
+    def pausing(self) -> bool:
+        """True once an operator paused the run: the call in flight finishes first."""
+        ...
+
     async def until_halted(self) -> None:
         """Return when ``halted()`` turns true."""
         ...

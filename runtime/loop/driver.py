@@ -46,6 +46,7 @@ from runtime.errors import (
     InvalidCommit,
     LeaseLost,
     McpServerUnavailable,
+    RunIsPaused,
     UnknownAgent,
     VersionConflict,
 )
@@ -97,6 +98,7 @@ class RunDriver:
         services: Services,
         halt: asyncio.Event | None = None,
         release: asyncio.Event | None = None,
+        pause: asyncio.Event | None = None,
         frontier: Frontier | None = None,
     ) -> None:
         self.run_id = run_id
@@ -105,6 +107,7 @@ class RunDriver:
         self.services = services
         self.halt = halt or asyncio.Event()
         self.release = release or asyncio.Event()
+        self.pause = pause or asyncio.Event()
         self.committed: RunView | None = None
         self._run: RunView | None = None  # committed view plus staged results
         self.version = 0
@@ -126,6 +129,9 @@ class RunDriver:
 
     def released(self) -> bool:
         return self.release.is_set()
+
+    def pausing(self) -> bool:
+        return self.pause.is_set()
 
     async def until_halted(self) -> None:
         await self.halt.wait()
@@ -299,12 +305,16 @@ class RunDriver:
                     await self.flush()
                     return
                 assert self._run is not None
+                if self._run.pause is not None:  # an operator paused it: nothing new starts
+                    log.info("run %s: paused; letting it go", self.run_id)
+                    await self.flush()
+                    return
                 action = rec.next_action(self._run, agent.step_limit)
                 if isinstance(action, rec.Idle):
                     await self.flush()
                     return
                 await self.act(agent, action)
-            except VersionConflict:
+            except (VersionConflict, RunIsPaused):
                 log.info("run %s: another writer committed first; reloading", self.run_id)
                 await self.after_conflict()
             except Abandon:

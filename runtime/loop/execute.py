@@ -125,7 +125,8 @@ async def run_tool(d: Boundary, tool: Tool, ctx: ToolContext, arguments: dict[st
 
     The wait is abandoned when the run was ended or taken over meanwhile (the result, when it
     comes, is kept as late evidence), or when the worker stops during a replay-safe call (the
-    next worker replays it); any other call in flight is waited for. Raises Abandon, or
+    next worker replays it); any other call in flight, and every call of a paused run, is
+    waited for. Raises Abandon, or
     LeaseLost when the tool found itself fenced.
     """
     running = asyncio.ensure_future(attempt(d, tool, ctx, arguments))
@@ -144,8 +145,9 @@ async def run_tool(d: Boundary, tool: Tool, ctx: ToolContext, arguments: dict[st
 async def _outlasts_stop(d: Boundary, tool: Tool, running: asyncio.Future[Outcome]) -> bool:
     """The run halted while its tool runs: True once a call that must not be left to the next
     worker has finished; False when it is given up (a replay-safe call on a stop, any call of
-    a released run)."""
-    if d.released() or tool.policy is RecoveryPolicy.REPLAY:
+    a released run). A pause waits for every call in flight: its result is committed before
+    the worker lets the run go (README, "Pause")."""
+    if d.released() or (tool.policy is RecoveryPolicy.REPLAY and not d.pausing()):
         return False
     return await first(running, d.until_released())
 

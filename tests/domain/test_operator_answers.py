@@ -23,10 +23,11 @@ PEOPLE_MAY_SEND = {
     TicketKind.INPUT: {IN, D},
     TicketKind.DELEGATION: set(),
     TicketKind.TIMER: {A},
+    TicketKind.PAUSE: {Decision.RESUME},  # an operator's pause: only a resume answers it
 }
-# What the runtime sends and a person may not: a child's end, and a timer's deny (which only
-# older logs hold).
-RUNTIME_ONLY = {TicketKind.DELEGATION: {A, D, IN, RE}, TicketKind.TIMER: {D}}
+# What the runtime sends and a person may not: a child's end (any decision is refused as
+# not answerable), and a timer's deny (which only older logs hold).
+RUNTIME_ONLY = {TicketKind.DELEGATION: set(Decision), TicketKind.TIMER: {D}}
 
 
 def expected(kind: TicketKind, decision: Decision) -> str:

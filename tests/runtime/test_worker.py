@@ -252,11 +252,11 @@ def test_the_heartbeat_survives_a_failed_beat(monkeypatch, transactional_db):
     monkeypatch.setattr(conf, "heartbeat_seconds", lambda: 0.01)
     beats: list[int] = []
 
-    def renew(held: dict) -> set[str]:
+    def renew(held: dict) -> tuple[set[str], set[str]]:
         beats.append(1)
         if len(beats) == 1:
             raise OperationalError("server closed the connection unexpectedly")
-        return set()
+        return set(), set()
 
     monkeypatch.setattr(worker_module, "renew", renew)
 

@@ -40,6 +40,8 @@ class Command(RuntimeCommand):
         )
         if document["error"]:
             self.stdout.write(f"  error: {describe_error(document['error'])}")
+        if document["pause"]:
+            self.stdout.write(f"  {document['pause']['line']}")
         if document["parent"]:
             parent = document["parent"]
             self.stdout.write(f"  parent run {parent['run']} call {parent['call']}")

@@ -1,0 +1,94 @@
+"""The console's pause: the run page's pause and resume forms, the paused line, the runs
+list's filter, chip and badge, bulk pause and resume by filter, and ``runtime_pause``."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from runtime import operations
+from runtime.models import Run, ThreadCommit
+
+pytestmark = pytest.mark.django_db
+
+
+def _post(client, url, data):
+    return client.post(url, data, HTTP_HX_REQUEST="false")
+
+
+def test_pause_and_resume_from_the_run_page(operator, approval_run):
+    run, _ticket = approval_run
+    page = operator.get(f"/runs/{run.run_id}/").content.decode()
+    assert "Pause this run" in page
+    response = _post(operator, f"/runs/{run.run_id}/pause/", {"reason": "look first"})
+    assert response.status_code == 302
+    row = Run.objects.get(id=run.run_id)
+    assert row.paused
+    assert ThreadCommit.objects.filter(run_id=run.run_id).last().actor == "olga"
+    page = operator.get(f"/runs/{run.run_id}/").content.decode()
+    assert 'data-testid="run-paused"' in page and "paused by olga at " in page
+    assert ": look first" in page and "Resume this run" in page
+    listing = operator.get("/?paused=on").content.decode()
+    assert run.run_id[:8] in listing and 'data-testid="paused-badge"' in listing
+
+    refused = _post(operator, f"/runs/{run.run_id}/pause/", {"reason": "again"})
+    assert refused.status_code == 409
+    assert "already_paused" in refused.content.decode()
+    response = _post(operator, f"/runs/{run.run_id}/resume-paused/", {"reason": "ok"})
+    assert response.status_code == 302
+    assert not Run.objects.get(id=run.run_id).paused
+
+
+def test_pause_needs_an_operator(approver, approval_run):
+    run, _ticket = approval_run
+    response = _post(approver, f"/runs/{run.run_id}/pause/", {})
+    assert response.status_code == 403
+    assert not Run.objects.get(id=run.run_id).paused
+
+
+def test_bulk_pause_and_resume_by_filter(operator, approval_run, new_run):
+    run, _ticket = approval_run
+    other = new_run()
+    ended = new_run()
+    operations.cancel(ended.run_id)
+    asked = _post(operator, "/runs/pause/", {"agent": "demo", "action": "pause"})
+    assert asked.status_code == 200 and "Pause 2 runs" in asked.content.decode()
+    assert not Run.objects.filter(paused=True).exists()  # asking writes nothing
+    done = _post(
+        operator,
+        "/runs/pause/",
+        {"agent": "demo", "action": "pause", "confirm": "yes", "expected": "2", "reason": "r"},
+    )
+    assert done.status_code == 302
+    assert set(Run.objects.filter(paused=True).values_list("id", flat=True)) == {
+        run.run_id,
+        other.run_id,
+    }
+    asked = _post(operator, "/runs/pause/", {"agent": "demo", "action": "resume"})
+    assert "Resume 2 paused runs" in asked.content.decode()
+    done = _post(
+        operator,
+        "/runs/pause/",
+        {"agent": "demo", "action": "resume", "confirm": "yes", "expected": "2"},
+    )
+    assert done.status_code == 302 and not Run.objects.filter(paused=True).exists()
+
+
+def test_runtime_pause_command(approval_run):
+    run, _ticket = approval_run
+    out = io.StringIO()
+    call_command("runtime_pause", run.run_id, "--reason", "hold", stdout=out)
+    assert out.getvalue().startswith(f"run {run.run_id}: awaiting, paused by cli:")
+    assert out.getvalue().strip().endswith(": hold")
+    shown = io.StringIO()
+    call_command("runtime_show", run.run_id, stdout=shown)
+    assert "paused by cli:" in shown.getvalue()
+    with pytest.raises(CommandError, match="already_paused"):
+        call_command("runtime_pause", run.run_id, "--reason", "other", stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("runtime_pause", run.run_id, "--resume", stdout=out)
+    assert out.getvalue().strip() == f"run {run.run_id}: awaiting, not paused"
+    with pytest.raises(CommandError, match="not_paused"):
+        call_command("runtime_pause", run.run_id, "--resume", stdout=io.StringIO())
