@@ -234,11 +234,11 @@ def test_a_failed_step_does_not_end_the_loop(start, settings, monkeypatch):
     run_id = start(text_step())
     real, failed = worker_module.claim_many, []
 
-    def flaky(worker_id: str, limit: int):
+    def flaky(worker_id: str, limit: int, driving: tuple[str, ...] = ()):
         if not failed:
             failed.append(1)
             raise OperationalError("server closed the connection unexpectedly")
-        return real(worker_id, limit)
+        return real(worker_id, limit, driving)
 
     monkeypatch.setattr(worker_module, "claim_many", flaky)
     Worker(worker_id="flaky", until_idle=True).run()
