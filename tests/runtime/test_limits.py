@@ -122,10 +122,14 @@ def test_a_model_limit_of_2_holds_with_3_workers_racing(agents, spawn_worker):
 
 def test_a_429_with_retry_after_pauses_the_whole_model(agents, spawn_worker):
     """The model answers its first request 429 with Retry-After: 2; after that answer no
-    worker asks it anything for 2 s, for any run, and the runs waiting say why."""
-    total, retry_after = 6, 2.0
+    worker asks it anything for 2 s, for any run, and the runs waiting say why.
+
+    The other runs' first questions, sent together with the refused one (within
+    ``SENT_TOGETHER``), are answered after ``latency``: their next questions, and the refused
+    one again, come only once the pause is over (unpaused, they would come ~0.3 s after)."""
+    total, retry_after, sent_together = 6, 2.0, 0.1
     with model_server([("ledger_replay", {"key": "m"})]) as server:
-        server.latency = 0.05
+        server.latency = 0.3
         server.throttle(1, retry_after)
         run_ids = [start_run(agent="modeled", input=f"task {i}") for i in range(total)]
         env = {
@@ -144,7 +148,7 @@ def test_a_429_with_retry_after_pauses_the_whole_model(agents, spawn_worker):
             assert code == 0, err
     refused = [at for at, status in server.arrivals if status == 429]
     assert len(refused) == 1
-    later = [at - refused[0] for at, _ in server.arrivals if at > refused[0]]
+    later = [at - refused[0] for at, _ in server.arrivals if at > refused[0] + sent_together]
     assert len(later) >= total  # the refused question again, and every run's next one
     assert min(later) >= retry_after - 0.05, f"asked {min(later):.2f} s after the 429"
     ended = Counter(Run.objects.filter(id__in=run_ids).values_list("end_cause", flat=True))
@@ -193,3 +197,20 @@ def test_a_run_waiting_for_a_slot_says_why(agents, start):
         "waiting for a slot: agent limited customer='acme', 1 of 1 running"
     )
     assert limits.why_waiting(Run.objects.get(id=ids[0])) == ""
+
+
+def test_the_cli_and_metrics_show_each_limits_use(agents, start, command, settings):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from runtime.metrics import LogCollector
+
+    ids = [start(agent="limited", customer="acme") for _ in range(2)]
+    _leased(ids[0], seconds=30)
+    done = command("runtime_limits", RUNTIME_AGENTS=AGENTS)
+    assert done.returncode == 0, done.stderr
+    assert "agent limited: 1 of 5 running, 1 waiting" in done.stdout
+    registry = CollectorRegistry()
+    registry.register(LogCollector())
+    text = generate_latest(registry).decode()
+    assert 'runtime_limit_runs_running{agent="limited"} 1.0' in text
+    assert 'runtime_limit_runs{agent="limited"} 5.0' in text
