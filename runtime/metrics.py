@@ -266,18 +266,22 @@ def limit_families() -> Iterator[GaugeMetricFamily]:
         running.add_metric([r["agent"]], r["running"])
         waiting.add_metric([r["agent"]], r["waiting"])
     concurrency = GaugeMetricFamily(
-        "runtime_limit_model_concurrency", "A model's inferences at once, at most.", ["model"]
+        "runtime_limit_model_concurrency",
+        "A model's inferences at once, at most.",
+        labels=["model"],
     )
     in_flight = GaugeMetricFamily(
-        "runtime_limit_model_in_flight", "A limited model's inferences under way.", ["model"]
+        "runtime_limit_model_in_flight", "A limited model's inferences under way.", labels=["model"]
     )
     paused = GaugeMetricFamily(
         "runtime_limit_model_paused_seconds",
         "Seconds until a provider's Retry-After lets a model be asked again (0: not paused).",
-        ["model"],
+        labels=["model"],
     )
     tokens = GaugeMetricFamily(
-        "runtime_limit_model_tokens", "Requests a model's bucket allows at once now.", ["model"]
+        "runtime_limit_model_tokens",
+        "Requests a model's bucket allows at once now.",
+        labels=["model"],
     )
     now = time.time()
     for m in use["models"]:
