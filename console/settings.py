@@ -16,7 +16,7 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from runtime.conf import heartbeat_problem
+from runtime.conf import heartbeat_problem, parse_model_limits, parse_run_limits
 from runtime.logs import LEVELS, logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -102,6 +102,20 @@ def env_mcp_servers(name: str) -> list:
         parse_servers(data)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} ({source}): {exc}") from None
+    return data
+
+
+def env_limits(name: str, parse) -> dict:
+    """Read limits: a JSON object by agent or model name (``runtime.limits.parse_run_limits``
+    or ``parse_model_limits`` is ``parse``, whose refusal names the entry)."""
+    raw = (os.environ.get(name) or "").strip()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+        parse(data)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
     return data
 
 
@@ -370,6 +384,10 @@ RUNTIME_WORKER_TOOL_THREADS = env_number(
 )
 # The `assistant` agent's MCP servers (docs/real-models.md).
 RUNTIME_MCP_SERVERS = env_mcp_servers("RUNTIME_MCP_SERVERS")
+# Limits on what runs at once (README "Limits"): {"agent": {"runs": 5, "key": "customer",
+# "per_key": 1}} and {"model": {"concurrency": 2, "per_minute": 60}}.
+RUNTIME_RUN_LIMITS = env_limits("RUNTIME_RUN_LIMITS", parse_run_limits)
+RUNTIME_MODEL_LIMITS = env_limits("RUNTIME_MODEL_LIMITS", parse_model_limits)
 RUNTIME_DELEGATION_MAX_DEPTH = env_number(
     "RUNTIME_DELEGATION_MAX_DEPTH", 3, minimum=0, integer=True
 )

@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from runtime import conf
+from runtime.domain.limits import RunLimit
 from runtime.domain.model import Permission, ToolCall
 from runtime.errors import UnknownAgent
 from runtime.mcp.config import ServerConfig
@@ -43,7 +44,8 @@ class Agent:
     ``plugins`` are objects with optional hook methods (see ``runtime.hooks``);
     ``mcp_servers`` are MCP servers whose tools the agent also offers (``runtime.mcp``).
     ``mcp_connections`` holds the open sessions of one claim (set by ``runtime.mcp.attached``,
-    empty in a definition)."""
+    empty in a definition). ``limits`` bounds how many of its runs are driven at once (the
+    RUNTIME_RUN_LIMITS entry of its name, when there is one, wins; ``runtime.limits``)."""
 
     name: str
     instructions: str
@@ -55,6 +57,7 @@ class Agent:
     description: str = ""
     mcp_servers: tuple[ServerConfig, ...] = ()
     mcp_connections: Mapping[str, Any] = field(default_factory=dict)
+    limits: RunLimit | None = None
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)

@@ -118,3 +118,51 @@ def delegation_max_depth() -> int:
 def delegation_max_children() -> int:
     """Delegate calls one batch may run (RUNTIME_DELEGATION_MAX_CHILDREN, default 4)."""
     return int(_get("RUNTIME_DELEGATION_MAX_CHILDREN", 4))
+
+
+def _parse_limits(data: object, make: type, fields: tuple[str, ...], what: str) -> dict:
+    from runtime.errors import InvalidLimit
+
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} must be a JSON object by name, got {type(data).__name__}")
+    parsed = {}
+    for name, entry in data.items():
+        if not isinstance(entry, dict) or set(entry) - set(fields):
+            raise ValueError(f"{what} {name!r}: an object with only {', '.join(fields)}")
+        try:
+            parsed[str(name)] = make(**entry)
+        except (InvalidLimit, TypeError) as exc:
+            raise ValueError(f"{what} {name!r}: {exc}") from None
+    return parsed
+
+
+def parse_run_limits(data: object) -> dict:
+    """RunLimit values by agent name from ``{"agent": {"runs", "key", "per_key"}}``; raises
+    ValueError naming the entry that is malformed."""
+    from runtime.domain.limits import RunLimit
+
+    return _parse_limits(data, RunLimit, ("runs", "key", "per_key"), "run limit")
+
+
+def parse_model_limits(data: object) -> dict:
+    """ModelLimit values by model name from ``{"model": {"concurrency", "per_minute"}}``;
+    raises ValueError naming the entry that is malformed."""
+    from runtime.domain.limits import ModelLimit
+
+    return _parse_limits(data, ModelLimit, ("concurrency", "per_minute"), "model limit")
+
+
+def run_limits() -> dict:
+    """RUNTIME_RUN_LIMITS as RunLimit values by agent name (default none)."""
+    return parse_run_limits(_get("RUNTIME_RUN_LIMITS", {}))
+
+
+def model_limits() -> dict:
+    """RUNTIME_MODEL_LIMITS as ModelLimit values by model name (default none)."""
+    return parse_model_limits(_get("RUNTIME_MODEL_LIMITS", {}))
+
+
+def limit_poll_seconds() -> float:
+    """How long a run refused by a model's concurrency waits, released, before a worker
+    tries it again (RUNTIME_LIMIT_POLL_SECONDS, default 0.5 s)."""
+    return float(_get("RUNTIME_LIMIT_POLL_SECONDS", 0.5))

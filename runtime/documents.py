@@ -16,6 +16,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from runtime.errors import NotFound
+from runtime.limits import why_waiting
 from runtime.models import LateEvidence, MessageRecord, Run, Ticket, ToolCallRecord
 from runtime.untrusted import is_id
 
@@ -231,7 +232,8 @@ def run_document(run_id: str) -> dict[str, Any]:
     the run, when and why: ``pause_document``), batches (with every call,
     each with its pinned ``source``), mcp_servers (the MCP servers the run's calls used),
     messages (this run's committed messages), plugin_state (committed staged state by plugin
-    key), created_at, committed_at; all read in one snapshot, so ``version`` is the commit it
+    key), waiting (why a Running run no worker holds is held back by a limit, or None),
+    created_at, committed_at; all read in one snapshot, so ``version`` is the commit it
     shows. Raises NotFound for an unknown id.
     """
     run = (
@@ -282,6 +284,7 @@ def run_document(run_id: str) -> dict[str, Any]:
             for m in messages
         ],
         "metadata": run.metadata,
+        "waiting": why_waiting(run) or None,
         "created_by": run.created_by,
         "trace_id": run.trace_id or None,
         "created_at": run.created_at.isoformat(),

@@ -250,3 +250,11 @@ class ReconciliationContradicts(RuntimeFault):
 
     code = "reconciliation_contradicts"
     status = 409
+
+
+class InvalidLimit(RuntimeFault):
+    """The limit is malformed (RUNTIME_RUN_LIMITS, RUNTIME_MODEL_LIMITS or an agent's
+    declaration)."""
+
+    code = "invalid_limit"
+    status = 400

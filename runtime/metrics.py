@@ -248,6 +248,56 @@ class LogCollector(Collector):
         for status, count in sorted(inventory.workers_by_status().items()):
             workers.add_metric([status], count)
         yield workers
+        yield from limit_families()
+
+
+def limit_families() -> Iterator[GaugeMetricFamily]:
+    """Each limit's bound and use (runtime.limits.usage), as gauges by agent or model."""
+    from runtime import limits
+
+    use = limits.usage()
+    bound = GaugeMetricFamily(
+        "runtime_limit_runs", "An agent's run limit (runs driven at once).", labels=["agent"]
+    )
+    running = GaugeMetricFamily(
+        "runtime_limit_runs_running", "Runs of a limited agent driven now.", labels=["agent"]
+    )
+    waiting = GaugeMetricFamily(
+        "runtime_limit_runs_waiting", "Runs of a limited agent no worker holds.", labels=["agent"]
+    )
+    for r in use["runs"]:
+        if r["runs"] is not None:
+            bound.add_metric([r["agent"]], r["runs"])
+        running.add_metric([r["agent"]], r["running"])
+        waiting.add_metric([r["agent"]], r["waiting"])
+    concurrency = GaugeMetricFamily(
+        "runtime_limit_model_concurrency",
+        "A model's inferences at once, at most.",
+        labels=["model"],
+    )
+    in_flight = GaugeMetricFamily(
+        "runtime_limit_model_in_flight", "A limited model's inferences under way.", labels=["model"]
+    )
+    paused = GaugeMetricFamily(
+        "runtime_limit_model_paused_seconds",
+        "Seconds until a provider's Retry-After lets a model be asked again (0: not paused).",
+        labels=["model"],
+    )
+    tokens = GaugeMetricFamily(
+        "runtime_limit_model_tokens",
+        "Requests a model's bucket allows at once now.",
+        labels=["model"],
+    )
+    now = time.time()
+    for m in use["models"]:
+        if m["concurrency"] is not None:
+            concurrency.add_metric([m["model"]], m["concurrency"])
+        in_flight.add_metric([m["model"]], m["in_flight"])
+        until = m["not_before"].timestamp() - now if m["not_before"] else 0.0
+        paused.add_metric([m["model"]], max(until, 0.0))
+        if m["tokens"] is not None:
+            tokens.add_metric([m["model"]], m["tokens"])
+    yield from (bound, running, waiting, concurrency, in_flight, paused, tokens)
 
 
 _registered = threading.Lock()

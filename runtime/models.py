@@ -40,10 +40,17 @@ class Thread(models.Model):
 
 class RunQuerySet(models.QuerySet["Run"]):
     def runnable(self, now) -> RunQuerySet:
-        """Running runs that are not paused and whose lease is free or expired."""
+        """Running runs that are not paused, whose lease is free or expired and that wait for
+        no model's budget."""
         return self.filter(state="running", paused=False).filter(
-            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
+            Q(wait_until__isnull=True) | Q(wait_until__lte=now),
         )
+
+    def driven(self, now, driving: tuple[str, ...] = ()) -> RunQuerySet:
+        """Running runs that a worker holds a live lease of (or that ``driving`` names: the
+        caller's own, whose lease its next heartbeat renews): the runs holding a slot."""
+        return self.filter(state="running").filter(Q(lease_expires_at__gte=now) | Q(id__in=driving))
 
 
 class Run(models.Model):
@@ -68,6 +75,10 @@ class Run(models.Model):
     # failed in a way that points at the run (an exception), as opposed to a lost worker.
     claims = models.PositiveIntegerField(default=0)
     failures = models.PositiveIntegerField(default=0)
+    # Operational: a run released to wait for a model's budget is not claimed before
+    # ``wait_until``; ``waiting`` says why (runtime.limits).
+    wait_until = models.DateTimeField(null=True, blank=True)
+    waiting = models.CharField(max_length=300, blank=True, default="")
     # Operational: the OpenTelemetry trace id, once a traced worker drove it (runtime.tracing).
     trace_id = models.CharField(max_length=32, blank=True, default="")
     # A child Run (delegation): its parent run and the delegate call it answers.
@@ -324,3 +335,30 @@ class WorkerProcess(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["-heartbeat_at"], name="worker_recent")]
+
+
+class Limit(models.Model):
+    """Operational: one row per limited agent ("agent:NAME") or model ("model:NAME").
+
+    An agent's row is the lock its claims take (a row lock on PostgreSQL), so that two
+    workers never count the same free slot; a model's row also holds its token bucket and
+    the instant a provider's Retry-After pushed its budget to (runtime.limits)."""
+
+    key = models.CharField(primary_key=True, max_length=300)
+    tokens = models.FloatField(default=0)
+    refilled_at = models.DateTimeField(null=True, blank=True)
+    not_before = models.DateTimeField(null=True, blank=True)
+
+
+class ModelSlot(models.Model):
+    """Operational: an inference under way of a limited model, by the claim (run, lease
+    epoch) that asks it. It counts only while that claim's lease is live, so a worker that
+    dies frees its slots when its leases lapse (runtime.limits)."""
+
+    model = models.CharField(max_length=300)
+    run_id = models.CharField(max_length=32)
+    epoch = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["model"], name="model_slot_model")]

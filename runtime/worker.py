@@ -41,7 +41,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Greatest
 from psycopg_pool import PoolTimeout
 
-from runtime import codec, conf, logs, metrics, registry, timers
+from runtime import codec, conf, limits, logs, metrics, registry, timers
 from runtime.coordinator import WAKE_CHANNEL, Lease
 from runtime.db import (
     db_later,
@@ -53,7 +53,7 @@ from runtime.db import (
 )
 from runtime.domain.model import EndCause, RunState
 from runtime.errors import LeaseLost
-from runtime.loop import Frontier, Services, ThreadPool, drive
+from runtime.loop import Frontier, Services, ThreadPool, WaitForLimit, drive
 from runtime.loop.driver import MESSAGE_COLUMNS, committed_message
 from runtime.models import MessageRecord, Run, Thread
 from runtime.operations import end_run
@@ -90,17 +90,30 @@ def claim(worker_id: str) -> Claim | None:
 def claim_many(worker_id: str, limit: int, driving: tuple[str, ...] = ()) -> list[Claim]:
     """Take the leases of up to ``limit`` runnable runs, oldest first, in one statement;
     return them (empty when none is runnable). Runs other workers hold are skipped, never
-    waited for (SKIP LOCKED on PostgreSQL; SQLite has one writer at a time)."""
+    waited for (SKIP LOCKED on PostgreSQL; SQLite has one writer at a time).
+
+    Runs of agents with a run limit are claimed after the others, in a transaction of their
+    own that counts their slots under a lock (``runtime.limits.claim_limited``)."""
     ttl = conf.lease_ttl()
+    bounded = limits.run_limits()
     if connection.vendor == "postgresql":
-        return _claim_postgres(worker_id, ttl, limit, driving)
+        claimed = _claim_postgres(worker_id, ttl, limit, driving, exclude=tuple(bounded))
+        if bounded and len(claimed) < limit:
+            with transaction.atomic():
+                ids = limits.claim_limited(bounded, limit - len(claimed), driving)
+                if ids:
+                    claimed += _claim_postgres(worker_id, ttl, len(ids), driving, ids=ids)
+        return claimed
     with transaction.atomic():  # IMMEDIATE: the write lock is taken at BEGIN
         ids = list(
             Run.objects.runnable(db_now())
             .exclude(id__in=driving)
+            .exclude(agent__in=list(bounded))
             .order_by("committed_at")
             .values_list("id", flat=True)[:limit]
         )
+        if bounded and len(ids) < limit:
+            ids += limits.claim_limited(bounded, limit - len(ids), driving)
         if not ids:
             return []
         Run.objects.filter(id__in=ids).update(
@@ -108,6 +121,8 @@ def claim_many(worker_id: str, limit: int, driving: tuple[str, ...] = ()) -> lis
             lease_expires_at=db_later(ttl),
             lease_epoch=F("lease_epoch") + 1,
             claims=F("claims") + 1,
+            wait_until=None,
+            waiting="",
         )
         taken = {row["id"]: row for row in Run.objects.filter(id__in=ids).values(*CLAIMED)}
         versions = dict(
@@ -125,25 +140,37 @@ CLAIMED = ("id", "thread_id", "lease_epoch", "claims", "failures", "snapshot", "
 
 
 def _claim_postgres(
-    worker_id: str, ttl: Any, limit: int, driving: tuple[str, ...] = ()
+    worker_id: str,
+    ttl: Any,
+    limit: int,
+    driving: tuple[str, ...] = (),
+    *,
+    exclude: tuple[str, ...] = (),
+    ids: list[str] | None = None,
 ) -> list[Claim]:
     """One statement: lock up to ``limit`` runnable runs (skipping locked ones), take their
     leases, and return each with its thread's version and committed messages (so the driver
-    reads nothing before its first inference)."""
+    reads nothing before its first inference). ``exclude`` names agents whose runs are left
+    alone; ``ids`` (runs picked under their limits' lock) are the only ones taken instead of
+    the oldest."""
     run, thread, message = Run._meta.db_table, Thread._meta.db_table, MessageRecord._meta.db_table
     columns = ", ".join(f"m.{name}" for name in MESSAGE_COLUMNS)
+    chosen = "AND NOT (agent = ANY(%s))" if ids is None else "AND id = ANY(%s)"
     with connection.cursor() as cursor:
         cursor.execute(
             f"WITH picked AS (SELECT id FROM {run} WHERE state = 'running' AND NOT paused "
             "  AND (lease_expires_at IS NULL OR lease_expires_at < now()) "
-            "  AND NOT (id = ANY(%s)) ORDER BY committed_at LIMIT %s FOR UPDATE SKIP LOCKED) "
+            "  AND (wait_until IS NULL OR wait_until <= now()) "
+            f"  AND NOT (id = ANY(%s)) {chosen} ORDER BY committed_at LIMIT %s "
+            "  FOR UPDATE SKIP LOCKED) "
             f"UPDATE {run} AS r SET lease_owner = %s, lease_expires_at = now() + %s, "
-            "lease_epoch = r.lease_epoch + 1, claims = r.claims + 1 "
+            "lease_epoch = r.lease_epoch + 1, claims = r.claims + 1, wait_until = NULL, "
+            "waiting = '' "
             f"FROM picked, {thread} AS t WHERE r.id = picked.id AND t.id = r.thread_id "
             "RETURNING r.id, r.thread_id, r.lease_epoch, r.claims, r.failures, r.snapshot, "
             f"r.metadata, t.version, (SELECT coalesce(jsonb_agg(jsonb_build_array({columns}) "
             f"ORDER BY m.seq, m.idx), '[]') FROM {message} AS m WHERE m.thread_id = r.thread_id)",
-            [list(driving), limit, worker_id, ttl],
+            [list(driving), list(exclude) if ids is None else ids, limit, worker_id, ttl],
         )
         rows = cursor.fetchall()
     return [_claimed(worker_id, ttl, row) for row in rows]
@@ -170,13 +197,18 @@ def _claimed(worker_id: str, ttl: Any, row: tuple[Any, ...]) -> Claim:
     )
 
 
-def release(lease: Lease, run_id: str, *, failed: bool = False) -> None:
-    """Give a still-Running run back (the worker stops, or its driving failed).
+def release(
+    lease: Lease, run_id: str, *, failed: bool = False, wait: WaitForLimit | None = None
+) -> None:
+    """Give a still-Running run back (the worker stops, its driving failed, or it waits for
+    a model's budget: ``wait``, not claimed again before then).
 
-    A graceful stop takes its claim back from the poison budget (rolling restarts never end a
-    healthy run as poison); a failure is counted as one that points at the run.
+    A graceful stop or a wait takes its claim back from the poison budget (rolling restarts
+    never end a healthy run as poison); a failure is counted as one that points at the run.
     """
     fields: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
+    if wait is not None:
+        fields.update(wait_until=db_later(wait.delay), waiting=wait.reason[:300])
     if failed:
         fields["failures"] = F("failures") + 1
     else:
@@ -274,6 +306,7 @@ class Worker:
         self.timers_checked = 0.0  # time.monotonic() of the last look for due timers
         self.problem: tuple[str, str] | None = None  # (reason, line) while it cannot work
         self.reported: tuple[str, str] | None = None  # what its registry row says
+        self.limited = False  # some agent has a run limit: a run's end may free a slot
 
     # -- signals of new work and of the stop ----------------------------------------------
 
@@ -328,6 +361,7 @@ class Worker:
         SERVING.add(self)
         self.loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
+        self.limited = bool(limits.run_limits())
         db = ThreadPool(conf.worker_db_connections(), "db")
         tools = ThreadPool(conf.worker_tool_threads(), "tools")
         # Each of those threads keeps a connection for its whole life: the pool holds as many
@@ -403,7 +437,8 @@ class Worker:
         full = len(self.drivers) >= self.max_inflight
         self.drivers.discard(task)
         metrics.INFLIGHT.set(len(self.drivers))
-        if full or not self.drivers:  # a slot to claim for, or maybe idle
+        # A slot to claim for, maybe idle, or a limit's slot freed for a run that waits.
+        if full or not self.drivers or self.limited:
             self.wake.set()
 
     async def _fire_timers(self, services: Services, *, now: bool = False) -> int:
@@ -491,7 +526,7 @@ class Worker:
         if self.stopping.is_set():
             held.halt.set()
         self.held[run_id] = held
-        failed, left = False, None
+        failed, left, wait = False, None, None
         try:
             left = await drive(
                 run_id,
@@ -504,6 +539,9 @@ class Worker:
             )
         except LeaseLost:
             log.warning("run %s: fenced; another worker owns it now", run_id)
+        except WaitForLimit as exc:  # released below: it holds nothing while it waits
+            log.info("run %s: %s", run_id, exc.reason)
+            wait = exc
         except Exception as exc:  # counted by the poison budget: the next claim starts over
             if self.observe(exc):  # the database's trouble, not the run's: not counted
                 log.warning("run %s: left to recovery: %s", run_id, exc)
@@ -516,7 +554,7 @@ class Worker:
         # Running (a stop, a failure) is released here.
         if left is None or left.state is RunState.RUNNING:
             try:
-                await services.db(release, taken.lease, run_id, failed=failed)
+                await services.db(release, taken.lease, run_id, failed=failed, wait=wait)
             except Exception:  # the lease expires by itself
                 log.warning("run %s: releasing its lease failed", run_id, exc_info=True)
 

@@ -7,12 +7,17 @@ to the server, one with tool results with a text answer.
 
 A test holds the answers back until enough requests are open at once (``hold(n)``): the
 server then knows, without any timing, that ``n`` runs were waiting on their model together.
+
+For the limits tests (issue 23) it can also answer after a ``latency``, answer the next
+requests ``429 Too Many Requests`` with a ``Retry-After`` (``throttle``), and keeps when
+every request arrived and how it was answered (``arrivals``).
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +37,10 @@ class ModelServer(ThreadingHTTPServer):
         self.requests = 0
         self.held: str | None = None  # the kind of request held back, if any
         self.held_for = 0  # ... until this many of that kind are open at once
+        self.latency = 0.0  # seconds each answer waits before it is sent
+        self.throttled = 0  # the next requests answered 429
+        self.retry_after = 0.0  # ... with this Retry-After (seconds)
+        self.arrivals: list[tuple[float, int]] = []  # (time.monotonic(), status) per request
 
     @property
     def url(self) -> str:
@@ -43,6 +52,19 @@ class ModelServer(ThreadingHTTPServer):
         them all go), or until ``release()``."""
         with self.lock:
             self.held, self.held_for = kind, count
+
+    def throttle(self, count: int, retry_after: float) -> None:
+        """Answer the next ``count`` requests 429 with ``Retry-After: retry_after``."""
+        with self.lock:
+            self.throttled, self.retry_after = count, retry_after
+
+    def _throttle_now(self) -> bool:
+        """Whether this request is answered 429 (and note its arrival)."""
+        with self.lock:
+            refuse = self.throttled > 0
+            self.throttled -= refuse
+            self.arrivals.append((time.monotonic(), 429 if refuse else 200))
+            return refuse
 
     def release(self) -> None:
         """Answer every held request now, and later ones at once."""
@@ -109,8 +131,19 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         kind = "user" if body["messages"][-1]["role"] == "user" else "tool"
+        if self.server._throttle_now():
+            refusal = json.dumps({"error": {"message": "slow down", "type": "rate_limit"}})
+            self.send_response(429)
+            self.send_header("Retry-After", f"{self.server.retry_after:g}")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(refusal)))
+            self.end_headers()
+            self.wfile.write(refusal.encode())
+            return
         self.server._enter(kind)
         try:
+            if self.server.latency:
+                time.sleep(self.server.latency)
             events = b"".join(
                 b"data: " + json.dumps(chunk).encode() + b"\n\n"
                 for chunk in self.server.answer(body)

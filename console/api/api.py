@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.parser import Parser
 
-from console.api import errors, events, runs, threads, tickets, tool_calls
+from console.api import errors, events, limits, runs, threads, tickets, tool_calls
 
 
 class JsonBodies(Parser):
@@ -44,3 +44,4 @@ api.add_router("/runs", runs.router)
 api.add_router("/runs", events.router)
 api.add_router("/tickets", tickets.router)
 api.add_router("/tool-calls", tool_calls.router)
+api.add_router("/limits", limits.router)

@@ -377,6 +377,12 @@ class RunOut(Schema):
     )
     messages: list[MessageOut]
     metadata: dict[str, Any] = Field(default_factory=dict)
+    waiting: str | None = Field(
+        None,
+        description="why a Running run that no worker holds waits: a limit's slots are all "
+        'held ("waiting for a slot: agent X, 5 of 5 running") or its model\'s budget is '
+        "paused; null when nothing holds it back",
+    )
     created_by: str = ""
     created_at: Timestamp
     committed_at: Timestamp | None = Field(None, description="time of the run's last commit")

@@ -23,7 +23,7 @@ from console.models import OPERATE, READ
 from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, render_page
 from console.views.reconcile import mark_corrections
 from console.views.tickets import _context_lines, attach_notes, build_card
-from runtime import operations, search, stuck
+from runtime import limits, operations, search, stuck
 from runtime.agents import registry
 from runtime.documents import RUN_SUMMARY_FIELDS, consistent, run_document
 from runtime.errors import CommittedUnread, NotFound, RuntimeFault
@@ -367,11 +367,12 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     or ``part=holder`` for who holds the run (polled while it runs: a dead worker commits
     nothing that would refresh it)."""
     if request.GET.get("part") == "holder":
-        row = Run.objects.filter(id=run_id).only("id", "state", *LEASE_FIELDS).first()
+        row = Run.objects.filter(id=run_id).first()
         if row is None:
             raise Http404(f"run {run_id} does not exist")
         holder = stuck.holders([row]).get(run_id)
-        context = {"run": {"id": row.id, "state": row.state}, "holder": holder}
+        waiting = limits.why_waiting(row) or None
+        context = {"run": {"id": row.id, "state": row.state, "waiting": waiting}, "holder": holder}
         return render_page(request, "console/run.html", context, partial="holder")
     context = run_page_context(run_id, query=request.GET)
     return render_page(request, "console/run.html", context, partial="committed")

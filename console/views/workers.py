@@ -10,17 +10,19 @@ from django.http import HttpResponse
 
 from console.models import READ
 from console.views.common import HtmxHttpRequest, needs, render_page
-from runtime import inventory
+from runtime import inventory, limits
 
 
 @needs(READ)
 def workers(request: HtmxHttpRequest) -> HttpResponse:
-    """The Workers page; its list re-renders alone every few seconds (htmx)."""
+    """The Workers page, with each limit's use; its list re-renders alone every few seconds
+    (htmx)."""
     rows = inventory.worker_rows()
     counts = {status: sum(r.status == status for r in rows) for status in ("live", "stale")}
     context = {
         "rows": rows,
         "counts": counts,
         "stale_after": int(inventory.stale_after().total_seconds()),
+        "limits": limits.usage(),
     }
     return render_page(request, "console/workers.html", context, partial="workers")

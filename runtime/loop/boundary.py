@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asgiref.sync import sync_to_async
@@ -76,6 +77,17 @@ async def first(work: asyncio.Future[Any], signal: Awaitable[Any]) -> bool:
 
 class Abandon(Exception):
     """The worker stops at this boundary; nothing uncommitted is kept but staged results."""
+
+
+class WaitForLimit(Exception):  # noqa: N818 (a decision, like Abandon)
+    """The run must wait for a model's budget (``runtime.limits``): the worker releases it,
+    not to be claimed again for ``delay``, with ``reason`` shown meanwhile. Raised before the
+    request was sent, so nothing is lost."""
+
+    def __init__(self, delay: timedelta, reason: str) -> None:
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason
 
 
 class Boundary(Protocol):

@@ -51,7 +51,7 @@ from runtime.errors import (
     VersionConflict,
 )
 from runtime.loop import execute, gate, infer
-from runtime.loop.boundary import Abandon, CommitParent, Services
+from runtime.loop.boundary import Abandon, CommitParent, Services, WaitForLimit
 from runtime.mcp.tools import attached
 from runtime.models import LateEvidence, MessageRecord, Run
 
@@ -319,6 +319,9 @@ class RunDriver:
                 await self.after_conflict()
             except Abandon:
                 stopping = True  # the next pass commits what is staged, then returns
+            except WaitForLimit:
+                await self.flush()  # the worker releases the run to wait for the model
+                raise
             except LeaseLost:
                 await self.keep_late(self.staged)
                 raise

@@ -16,10 +16,11 @@ from typing import Any
 
 from django.utils import timezone
 
-from runtime import conf, live, metrics
+from runtime import conf, limits, live, metrics
 from runtime.agents import Agent
 from runtime.crash import crash_point
 from runtime.domain.events import BatchOpened, StepCommitted
+from runtime.domain.limits import ModelLimit, Wait
 from runtime.domain.model import (
     Disposition,
     Effects,
@@ -32,7 +33,7 @@ from runtime.domain.model import (
 )
 from runtime.errors import ScriptRefused
 from runtime.hooks import call_hooks
-from runtime.loop.boundary import Abandon, Boundary, first
+from runtime.loop.boundary import Abandon, Boundary, WaitForLimit, first
 from runtime.models import StreamCheckpoint
 from runtime.providers.base import (
     Delta,
@@ -85,7 +86,7 @@ async def infer(d: Boundary, agent: Agent, step: int) -> None:
     req = await request(d, agent, run)
     try:
         provider = _provider(d, agent)
-        result = await _with_retries(d, provider, req, step)
+        result = await _with_retries(d, agent, provider, req, step)
     except ModelError as exc:
         log.warning("run %s: inference failed for good: %s", d.run_id, exc)
         await d.end(EndCause.FAILED, exc.as_error())
@@ -106,24 +107,55 @@ def _provider(d: Boundary, agent: Agent) -> Provider:
 
 
 async def _with_retries(
-    d: Boundary, provider: Provider, req: InferenceRequest, step: int
+    d: Boundary, agent: Agent, provider: Provider, req: InferenceRequest, step: int
 ) -> InferenceResult:
-    """Call the provider; retry retryable failures with doubling backoff within budget."""
+    """Call the provider; retry retryable failures with doubling backoff within budget.
+
+    A model with a limit (RUNTIME_MODEL_LIMITS) is asked only with a slot of its budget
+    (raises WaitForLimit when there is none); a Retry-After it answers pauses its whole
+    budget, for every worker, and this run waits for it like the others."""
+    model = limits.model_of(agent)
+    limit = limits.model_limit(agent)
     backoff = conf.model_backoff_seconds()
     attempt = 0
     while True:
         attempt += 1
         try:
-            return await _answer(d, provider, req, step, attempt)
+            return await _limited_answer(d, model, limit, provider, req, step, attempt)
         except ModelError as exc:
+            if limit is not None and exc.retry_after is not None:
+                await d.services.db(limits.slow_model, model, exc.retry_after)
             if not exc.retryable or attempt > conf.model_retries():
                 raise
+            if limit is not None and exc.retry_after is not None:
+                continue  # the next attempt waits, released, until the budget's pause ends
             pause = exc.retry_after if exc.retry_after is not None else backoff
             backoff *= 2
             log.info(
                 "run %s: retryable model error (%s); retry in %.2fs", d.run_id, exc.message, pause
             )
             await _pause(d, pause)
+
+
+async def _limited_answer(
+    d: Boundary,
+    model: str,
+    limit: ModelLimit | None,
+    provider: Provider,
+    req: InferenceRequest,
+    step: int,
+    attempt: int,
+) -> InferenceResult:
+    """One attempt, holding a slot of the model's budget when it has a limit."""
+    if limit is None:
+        return await _answer(d, provider, req, step, attempt)
+    slot = await d.services.db(limits.take_model, model, limit, d.run_id, d.lease.epoch)
+    if isinstance(slot, Wait):
+        raise WaitForLimit(limits.wait_delta(slot.seconds), slot.reason)
+    try:
+        return await _answer(d, provider, req, step, attempt)
+    finally:
+        await d.services.db(limits.give_back, slot)
 
 
 async def _answer(
