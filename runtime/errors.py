@@ -229,3 +229,10 @@ class ReconciliationContradicts(RuntimeFault):
 
     code = "reconciliation_contradicts"
     status = 409
+
+
+class WebhookRefused(RuntimeFault):
+    """The webhook endpoint is refused (its URL, events or secret); nothing was written."""
+
+    code = "webhook_refused"
+    status = 422
