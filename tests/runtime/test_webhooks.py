@@ -87,9 +87,9 @@ def test_a_commit_refused_by_its_write_leaves_no_event(start, work_inline):
     )
     with pytest.raises(VersionConflict):
         commit(stale, head=head, before=before)
-    assert [r.payload["data"]["actor"] for r in deliveries(endpoint=endpoint, kind="run.ended")] == [
-        ""
-    ]
+    assert [
+        r.payload["data"]["actor"] for r in deliveries(endpoint=endpoint, kind="run.ended")
+    ] == [""]
 
 
 def test_signatures_verify_with_the_standard_library(start, work_inline):
