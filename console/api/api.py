@@ -30,7 +30,8 @@ api = NinjaAPI(
     version="1",
     description=(
         "Start runs, read their committed state and log, answer their tickets, cancel them "
-        "and reconcile Indeterminate tool calls, and manage outgoing webhooks. Authenticate with a personal API token "
+        "and reconcile Indeterminate tool calls, and manage outgoing webhooks. Authenticate "
+        "with a personal API token "
         "(`Authorization: Bearer rt_...`, from `manage.py runtime_token USERNAME` or the "
         'console). Every error is `{"error": {"code", "message", "detail"}}`. Request '
         "bodies are JSON, sent with `Content-Type: application/json` (anything else is 415)."

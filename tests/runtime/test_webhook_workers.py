@@ -42,7 +42,7 @@ def events_of_cancelled_runs(start, work_inline, n: int) -> dict[str, list[str]]
         cancel(run_id, reason="test")
     order: dict[str, list[str]] = {}
     for row in WebhookDelivery.objects.order_by("run_id", "seq", "idx"):
-        order.setdefault(row.run_id, []).append(row.message_id)
+        order.setdefault(str(row.run_id), []).append(row.message_id)
     assert all(len(ids) == 3 for ids in order.values()) and len(order) == n
     return order
 
