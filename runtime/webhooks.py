@@ -210,7 +210,12 @@ def claim_due(worker_id: str, limit: int) -> list[Due]:
             attempts=F("attempts") + 1,
         )
         taken = WebhookDelivery.objects.filter(id__in=ids).values_list(
-            "id", "endpoint_id", "endpoint__url", "endpoint__secret", "message_id", "payload",
+            "id",
+            "endpoint_id",
+            "endpoint__url",
+            "endpoint__secret",
+            "message_id",
+            "payload",
             "attempts",
         )
         return [Due(*row) for row in taken]
