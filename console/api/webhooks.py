@@ -135,7 +135,7 @@ def create_endpoint(request: HttpRequest, payload: EndpointIn) -> Status:
 
 @router.get(
     "/{endpoint_id}",
-    response={200: EndpointOut, **errors(401, 403, 404)},
+    response={200: EndpointOut, **errors(401, 403, 404, 422)},
     auth=read_auth,
     summary="Read an endpoint",
 )
@@ -167,7 +167,7 @@ def change_endpoint(request: HttpRequest, endpoint_id: Id, payload: EndpointPatc
 
 @router.delete(
     "/{endpoint_id}",
-    response={204: None, **errors(401, 403, 404)},
+    response={204: None, **errors(401, 403, 404, 422)},
     auth=operate_auth,
     summary="Delete an endpoint",
 )
@@ -179,7 +179,7 @@ def delete_endpoint(request: HttpRequest, endpoint_id: Id) -> Status:
 
 @router.post(
     "/{endpoint_id}/test",
-    response={202: DeliveryOut, **errors(401, 403, 404)},
+    response={202: DeliveryOut, **errors(401, 403, 404, 422)},
     auth=operate_auth,
     summary="Send a test event",
 )
