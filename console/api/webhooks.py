@@ -115,7 +115,7 @@ def list_endpoints(request: HttpRequest) -> dict[str, Any]:
 
 @router.post(
     "",
-    response={201: EndpointOut, **errors(401, 403, 422)},
+    response={201: EndpointOut, **errors(400, 401, 403, 415, 422)},
     auth=operate_auth,
     summary="Create an endpoint",
 )
@@ -147,7 +147,7 @@ def read_endpoint(request: HttpRequest, endpoint_id: Id) -> dict[str, Any]:
 
 @router.patch(
     "/{endpoint_id}",
-    response={200: EndpointOut, **errors(401, 403, 404, 422)},
+    response={200: EndpointOut, **errors(400, 401, 403, 404, 415, 422)},
     auth=operate_auth,
     summary="Change an endpoint",
 )
