@@ -19,6 +19,7 @@ from typing import Any
 from django import forms
 
 from runtime.agents import registry
+from runtime.domain.webhooks import SUBSCRIBABLE
 from runtime.operations import reconciliation_problem
 from runtime.untrusted import UntrustedJSONError, parse_json
 
@@ -469,3 +470,15 @@ def schema_order(schema: Any, raw_arguments: str) -> list[str] | None:
     except (json.JSONDecodeError, ValueError):
         return None
     return _find_properties(parsed, set(properties))
+
+
+class WebhookForm(forms.Form):
+    """A webhook endpoint: where to POST and which event kinds (runtime.webhooks)."""
+
+    name = forms.CharField(max_length=100, required=False)
+    url = forms.URLField(max_length=2000, assume_scheme="https", help_text="http(s) URL")
+    events = forms.MultipleChoiceField(
+        choices=[(e.value, e.value) for e in SUBSCRIBABLE],
+        widget=forms.CheckboxSelectMultiple,
+        help_text="The event kinds it receives.",
+    )

@@ -394,3 +394,20 @@ RUNTIME_DELEGATION_MAX_DEPTH = env_number(
 RUNTIME_DELEGATION_MAX_CHILDREN = env_number(
     "RUNTIME_DELEGATION_MAX_CHILDREN", 4, minimum=0, integer=True
 )
+# Outgoing webhooks (runtime.webhooks): links in their bodies, and how deliveries retry.
+RUNTIME_CONSOLE_URL = os.environ.get("RUNTIME_CONSOLE_URL", "http://127.0.0.1:8000")
+RUNTIME_WEBHOOK_TIMEOUT_SECONDS = env_number(
+    "RUNTIME_WEBHOOK_TIMEOUT_SECONDS", 10, minimum=0.1, maximum=300
+)
+RUNTIME_WEBHOOK_BACKOFF_SECONDS = env_number(
+    "RUNTIME_WEBHOOK_BACKOFF_SECONDS", 5, minimum=0, maximum=DAY
+)
+RUNTIME_WEBHOOK_BACKOFF_MAX_SECONDS = env_number(
+    "RUNTIME_WEBHOOK_BACKOFF_MAX_SECONDS", 3600, minimum=0, maximum=7 * DAY
+)
+RUNTIME_WEBHOOK_MAX_ATTEMPTS = env_number(
+    "RUNTIME_WEBHOOK_MAX_ATTEMPTS", 15, minimum=1, maximum=100, integer=True
+)
+RUNTIME_WEBHOOK_CONCURRENCY = env_number(
+    "RUNTIME_WEBHOOK_CONCURRENCY", 10, minimum=1, maximum=1000, integer=True
+)

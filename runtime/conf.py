@@ -166,3 +166,50 @@ def limit_poll_seconds() -> float:
     """How long a run refused by a model's concurrency waits, released, before a worker
     tries it again (RUNTIME_LIMIT_POLL_SECONDS, default 0.5 s)."""
     return float(_get("RUNTIME_LIMIT_POLL_SECONDS", 0.5))
+
+
+def console_url() -> str:
+    """The console's public base URL, for links sent outside (RUNTIME_CONSOLE_URL, default
+    ``http://127.0.0.1:8000``), without a trailing slash."""
+    return str(_get("RUNTIME_CONSOLE_URL", "http://127.0.0.1:8000")).rstrip("/")
+
+
+def run_url(run_id: str) -> str:
+    """The console page of a run (the path of ``console:run``)."""
+    return f"{console_url()}/runs/{run_id}/"
+
+
+def webhook_timeout_seconds() -> float:
+    """The longest one webhook request may take, connect to last byte
+    (RUNTIME_WEBHOOK_TIMEOUT_SECONDS, default 10 s)."""
+    return float(_get("RUNTIME_WEBHOOK_TIMEOUT_SECONDS", 10))
+
+
+def webhook_lease() -> timedelta:
+    """How long a worker's claim on a delivery lasts: its request's timeout and 5 s more;
+    a worker that died with it leaves it to another worker after that."""
+    return timedelta(seconds=webhook_timeout_seconds() + 5)
+
+
+def webhook_backoff_seconds() -> float:
+    """The first retry's backoff, doubled each attempt with jitter
+    (RUNTIME_WEBHOOK_BACKOFF_SECONDS, default 5 s)."""
+    return float(_get("RUNTIME_WEBHOOK_BACKOFF_SECONDS", 5))
+
+
+def webhook_backoff_max_seconds() -> float:
+    """The longest backoff between two attempts (RUNTIME_WEBHOOK_BACKOFF_MAX_SECONDS,
+    default 3600 s)."""
+    return float(_get("RUNTIME_WEBHOOK_BACKOFF_MAX_SECONDS", 3600))
+
+
+def webhook_max_attempts() -> int:
+    """Attempts before a delivery is failed (RUNTIME_WEBHOOK_MAX_ATTEMPTS, default 15:
+    three to six hours at the default backoffs)."""
+    return int(_get("RUNTIME_WEBHOOK_MAX_ATTEMPTS", 15))
+
+
+def webhook_concurrency() -> int:
+    """Deliveries one worker process has in flight at once (RUNTIME_WEBHOOK_CONCURRENCY,
+    default 10)."""
+    return int(_get("RUNTIME_WEBHOOK_CONCURRENCY", 10))

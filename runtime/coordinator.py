@@ -38,7 +38,8 @@ from typing import Any
 from django.db import DataError, IntegrityError, OperationalError, connection, models, transaction
 from django.utils import timezone
 
-from runtime import codec, metrics
+from runtime import codec, conf, metrics
+from runtime.domain import webhooks
 from runtime.domain.commit import CommitDraft, apply_commit
 from runtime.domain.delegation import FollowUp, follow_ups
 from runtime.domain.events import CallExecuting, CallResumed, ReconciliationRecorded, StepCommitted
@@ -53,6 +54,8 @@ from runtime.models import (
     ThreadCommit,
     Ticket,
     ToolCallRecord,
+    WebhookDelivery,
+    WebhookEndpoint,
 )
 from runtime.signals import CommitNotice, commit_announced
 
@@ -307,6 +310,9 @@ class _Writes:
     ticket_closes: list[dict[str, Any]] = field(default_factory=list)
     ticket_opens: list[_Row] = field(default_factory=list)
     reconciliations: list[_Row] = field(default_factory=list)
+    # Webhook events, one row each with no endpoint: the write fans each out to every enabled
+    # endpoint subscribed to its kind (the outbox, runtime.webhooks).
+    outbox: list[_Row] = field(default_factory=list)
     clear_checkpoint: bool = False
     notify: bool = False
     create_thread: bool = False
@@ -358,7 +364,61 @@ def _plan(
     )
     if draft.run_id is not None and run is not None:
         _plan_run(writes, draft, before, run, now)
+    writes.outbox = _outbox(draft, before, run, seq, now)
     return writes
+
+
+def _outbox(
+    draft: CommitDraft, before: RunView | None, run: RunView | None, seq: int, now: datetime
+) -> list[_Row]:
+    """The webhook events this commit owes (``domain.webhooks.notifications``), as outbox rows
+    written by the same write as the commit: an event exists if and only if its commit does."""
+    found = webhooks.notifications(draft, before, run) if draft.run_id else ()
+    if not found:
+        return []
+    at = now.isoformat()
+    url = conf.run_url(draft.run_id) if draft.run_id else None
+    rows = []
+    for idx, notification in enumerate(found):
+        message = webhooks.message_id(draft.thread_id, seq, idx)
+        payload = webhooks.body(
+            notification,
+            message=message,
+            run=run,
+            thread_id=draft.thread_id,
+            seq=seq,
+            actor=draft.actor,
+            at=at,
+            url=url,
+        )
+        rows.append(
+            _row(
+                WebhookDelivery,
+                endpoint_id=None,
+                message_id=message,
+                kind=notification.kind.value,
+                run_id=draft.run_id,
+                thread_id=draft.thread_id,
+                seq=seq,
+                idx=idx,
+                payload=payload,
+                next_attempt_at=now,
+                created_at=now,
+            )
+        )
+    return rows
+
+
+def _fan_out(outbox: list[_Row]) -> list[_Row]:
+    """Each outbox row once per enabled endpoint subscribed to its kind (SQLite's writer; the
+    PostgreSQL statement joins the endpoints itself)."""
+    endpoints = list(WebhookEndpoint.objects.filter(enabled=True).values_list("id", "events"))
+    return [
+        _Row(WebhookDelivery, {**row.values, "endpoint_id": endpoint_id})
+        for row in outbox
+        for endpoint_id, events in endpoints
+        if row.values["kind"] in (events or ())
+    ]
 
 
 def _message_records(draft: CommitDraft, seq: int) -> list[_Row]:
@@ -571,6 +631,8 @@ def _write_each(w: _Writes) -> bool:
             values = dict(close)
             _update_each(cursor, Ticket, values, "id = %s", [values.pop("id")])
         _insert_each(cursor, w.ticket_opens)
+        if w.outbox:
+            _insert_each(cursor, _fan_out(w.outbox))
         if w.clear_checkpoint:
             cursor.execute(f"DELETE FROM {_table(StreamCheckpoint)} WHERE run_id = %s", [w.run_id])
     return True
@@ -689,6 +751,9 @@ def _statement(w: _Writes) -> tuple[str, dict[str, Any]]:
             [{"id": c["id"], **_column_values(Ticket, c)} for c in w.ticket_closes]
         )
         ctes.append(f"ticket_close AS ({_close_ticket_sql()})")
+    if w.outbox:
+        params["outbox"] = json.dumps(_rows(w.outbox))
+        ctes.append(f"outbox AS ({_outbox_sql()})")
     if w.clear_checkpoint:
         ctes.append(
             f"checkpoint AS (DELETE FROM {_table(StreamCheckpoint)} USING head "
@@ -721,6 +786,22 @@ def _run_update_sql(columns: tuple[str, ...], fenced: bool) -> str:
         f"(SELECT {_names(columns, 'x')} FROM jsonb_populate_record(NULL::{run}, %(run)s::jsonb)"
         f" AS x){renew} FROM head WHERE r.id = %(run_id)s AND r.version = %(run_version)s{fence}"
         " RETURNING r.id"
+    )
+
+
+@cache
+def _outbox_sql() -> str:
+    """Insert the outbox rows of ``%(outbox)s`` once per enabled endpoint subscribed to their
+    kind, after the head moved (a data-modifying CTE runs whether or not it is read)."""
+    table, endpoint = _table(WebhookDelivery), _table(WebhookEndpoint)
+    columns = _columns(WebhookDelivery)
+    values = ", ".join(
+        "e.id" if c == "endpoint_id" else f"x.{connection.ops.quote_name(c)}" for c in columns
+    )
+    return (
+        f"INSERT INTO {table} ({_names(columns)}) SELECT {values} "
+        f"FROM head, jsonb_populate_recordset(NULL::{table}, %(outbox)s::jsonb) AS x "
+        f"JOIN {endpoint} AS e ON e.enabled AND e.events @> jsonb_build_array(x.kind)"
     )
 
 

@@ -258,3 +258,10 @@ class InvalidLimit(RuntimeFault):
 
     code = "invalid_limit"
     status = 400
+
+
+class WebhookRefused(RuntimeFault):
+    """The webhook endpoint is refused (its URL, events or secret); nothing was written."""
+
+    code = "webhook_refused"
+    status = 422

@@ -121,6 +121,24 @@ def observe_commit[**P, T](fn: Callable[P, T]) -> Callable[P, T]:
     return timed
 
 
+WEBHOOK_ATTEMPTS = Counter(
+    "runtime_webhook_deliveries_total",
+    "Webhook delivery attempts by outcome: delivered (2xx), retry (failed, due again), "
+    "failed (attempts spent, given up).",
+    ["outcome"],
+)
+WEBHOOK_SECONDS = Histogram(
+    "runtime_webhook_request_duration_seconds",
+    "One webhook request, from sending to the answer or the error.",
+    buckets=TOOL_BUCKETS,
+)
+
+
+def webhook_attempted(outcome: str, seconds: float) -> None:
+    WEBHOOK_ATTEMPTS.labels(outcome=outcome).inc()
+    WEBHOOK_SECONDS.observe(seconds)
+
+
 def claimed(*, deaths: int) -> None:
     """Record a claim. ``deaths``: the earlier claims since the run's last commit whose worker
     died without releasing the run (``Run.claims - 1 - Run.failures``); a claim after such a
@@ -241,6 +259,19 @@ class LogCollector(Collector):
             "runtime_timers_due",
             "Open timer tickets whose time has come.",
             value=inventory.timers_due(),
+        )
+        from runtime import webhooks
+
+        pending, age = webhooks.backlog()
+        yield GaugeMetricFamily(
+            "runtime_webhook_backlog",
+            "Webhook deliveries waiting to be delivered (enabled endpoints).",
+            value=pending,
+        )
+        yield GaugeMetricFamily(
+            "runtime_webhook_oldest_pending_age_seconds",
+            "Age of the oldest webhook delivery still waiting (0 when none).",
+            value=age,
         )
         workers = GaugeMetricFamily(
             "runtime_workers", "Registered workers by status.", labels=["status"]

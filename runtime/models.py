@@ -362,3 +362,100 @@ class ModelSlot(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["model"], name="model_slot_model")]
+
+
+def new_webhook_secret() -> str:
+    """A Standard Webhooks secret: ``whsec_`` and 32 random bytes in base64."""
+    import base64
+    import secrets
+
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+class WebhookEndpoint(models.Model):
+    """An outgoing webhook's receiver: the event kinds it subscribes to and its signing
+    secret (runtime.webhooks). Operational configuration, never thread truth."""
+
+    id = models.CharField(primary_key=True, max_length=32, default=new_id, editable=False)
+    name = models.CharField(max_length=100, blank=True, default="")
+    url = models.URLField(max_length=2000)
+    # The runtime.domain.webhooks.WebhookEvent values it receives.
+    events = models.JSONField(default=list)
+    secret = models.CharField(max_length=200, default=new_webhook_secret)
+    enabled = models.BooleanField(default=True)
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"webhook {self.name or self.id} -> {self.url}"
+
+
+class WebhookDelivery(models.Model):
+    """The outbox: one event for one endpoint, written in the transaction of the commit that
+    caused it, then delivered at least once by workers (runtime.webhooks).
+
+    ``message_id`` is the event's ``webhook-id`` (the same for every endpoint and attempt);
+    (``run_id``, ``seq``, ``idx``) orders a run's events, and an endpoint receives them in
+    that order. ``state``: pending -> delivered | failed.
+    """
+
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    message_id = models.CharField(max_length=100)
+    kind = models.CharField(max_length=32)
+    run_id = models.CharField(max_length=32, null=True, blank=True)
+    thread_id = models.CharField(max_length=32, null=True, blank=True)
+    seq = models.PositiveBigIntegerField(default=0)
+    idx = models.PositiveIntegerField(default=0)
+    payload = models.JSONField()
+    state = models.CharField(max_length=16, default="pending")
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    last_status = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["endpoint", "message_id"], name="webhook_message_once_per_endpoint"
+            )
+        ]
+        indexes = [
+            # Claims take due pending rows; the order check looks for an earlier pending row
+            # of the same run and endpoint.
+            models.Index(
+                fields=["next_attempt_at"],
+                name="webhook_due",
+                condition=Q(state="pending"),
+            ),
+            models.Index(
+                fields=["endpoint", "run_id", "seq", "idx"],
+                name="webhook_run_order",
+                condition=Q(state="pending"),
+            ),
+            models.Index(fields=["endpoint", "-created_at", "-id"], name="webhook_endpoint_log"),
+        ]
+
+
+class WebhookAttempt(models.Model):
+    """One attempt to deliver: when, by which worker, the response code or the error."""
+
+    delivery = models.ForeignKey(
+        WebhookDelivery, on_delete=models.CASCADE, related_name="attempt_log"
+    )
+    number = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200, blank=True, default="")
+    started_at = models.DateTimeField()
+    duration_ms = models.PositiveIntegerField(default=0)
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    outcome = models.CharField(max_length=16)  # delivered | retry | failed
+
+    class Meta:
+        ordering = ["delivery", "number"]

@@ -41,7 +41,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Greatest
 from psycopg_pool import PoolTimeout
 
-from runtime import codec, conf, limits, logs, metrics, registry, timers
+from runtime import codec, conf, limits, logs, metrics, registry, timers, webhooks
 from runtime.coordinator import WAKE_CHANNEL, Lease
 from runtime.db import (
     db_later,
@@ -377,6 +377,8 @@ class Worker:
         await self._registry(services, registry.register, self.worker_id, self.max_inflight)
         await self._registry(services, registry.forget_expired)
         background = [asyncio.ensure_future(self._heartbeat(services))]
+        # Webhook deliveries: a task of their own beside the runs, never on a run's path.
+        background.append(asyncio.ensure_future(webhooks.Deliverer(self.worker_id, db.run).serve()))
         if connection.vendor == "postgresql":
             background.append(asyncio.ensure_future(self._listen_postgres()))
         try:

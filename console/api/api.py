@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.parser import Parser
 
-from console.api import errors, events, limits, runs, threads, tickets, tool_calls
+from console.api import errors, events, limits, runs, threads, tickets, tool_calls, webhooks
 
 
 class JsonBodies(Parser):
@@ -30,7 +30,8 @@ api = NinjaAPI(
     version="1",
     description=(
         "Start runs, read their committed state and log, answer their tickets, cancel them "
-        "and reconcile Indeterminate tool calls. Authenticate with a personal API token "
+        "and reconcile Indeterminate tool calls, and manage outgoing webhooks. Authenticate "
+        "with a personal API token "
         "(`Authorization: Bearer rt_...`, from `manage.py runtime_token USERNAME` or the "
         'console). Every error is `{"error": {"code", "message", "detail"}}`. Request '
         "bodies are JSON, sent with `Content-Type: application/json` (anything else is 415)."
@@ -45,3 +46,4 @@ api.add_router("/runs", events.router)
 api.add_router("/tickets", tickets.router)
 api.add_router("/tool-calls", tool_calls.router)
 api.add_router("/limits", limits.router)
+api.add_router("/webhooks", webhooks.router)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path, register_converter
 
-from console.views import audit, reconcile, runs, tabs, tickets, tokens, workers
+from console.views import audit, reconcile, runs, tabs, tickets, tokens, webhooks, workers
 from runtime.untrusted import ID_PATTERN
 
 app_name = "console"
@@ -48,6 +48,13 @@ urlpatterns = [
     path("audit/", audit.audit, name="audit"),
     path("workers/", workers.workers, name="workers"),
     path("tokens/", tokens.tokens, name="tokens"),
+    path("webhooks/", webhooks.endpoints, name="webhooks"),
+    path("webhooks/<id:endpoint_id>/", webhooks.endpoint, name="webhook"),
+    path(
+        "webhooks/<id:endpoint_id>/<str:action>/",
+        webhooks.endpoint_action,
+        name="webhook_action",
+    ),
     path("tabs/<str:which>/", tabs.tab_count, name="tab_count"),
     path("tokens/<int:token_id>/revoke/", tokens.revoke_token, name="revoke_token"),
 ]
