@@ -91,12 +91,10 @@ def idle_poll_seconds() -> float:
     return float(_get("RUNTIME_IDLE_POLL_SECONDS", 0.5))
 
 
-def mcp_servers() -> tuple:
-    """The ``assistant`` agent's MCP servers (RUNTIME_MCP_SERVERS, default none), as
-    runtime.mcp.config definitions."""
-    from runtime.mcp.config import parse_servers
-
-    return parse_servers(_get("RUNTIME_MCP_SERVERS", []))
+def mcp_servers() -> list:
+    """The ``assistant`` demo agent's MCP servers as written (RUNTIME_MCP_SERVERS, default
+    none): JSON-like data that runtime.mcp.config.parse_servers reads."""
+    return list(_get("RUNTIME_MCP_SERVERS", []))
 
 
 def model_retries() -> int:
