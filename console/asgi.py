@@ -35,7 +35,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponseBase
@@ -50,7 +49,7 @@ class OneHopASGIHandler(ASGIHandler):
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
         chain = self._middleware_chain  # type: ignore[has-type]  # set by load_middleware
-        threads = ThreadPoolExecutor(settings.RUNTIME_REQUEST_THREADS, "request")
+        threads = ThreadPoolExecutor(conf.request_threads(), "request")
 
         def respond(request: HttpRequest) -> HttpResponseBase:
             try:
@@ -81,6 +80,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from console import health, oversized  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
+from runtime import conf  # noqa: E402
 
 get_channel_layer()  # made (and its backend imported) now, not by the first stream
 # daphne makes its HTTP factory after it imported this module, whichever command started it

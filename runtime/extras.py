@@ -11,12 +11,14 @@ import importlib.util
 
 DISTRIBUTION = "durable-agent-runtime"  # pyproject.toml's [project] name
 
-# The top-level module of each extra's packages -> the extra that installs it.
+# A module of each extra's packages -> the extra that installs it (OpenTelemetry's API is in
+# the core: spans cost nothing without the SDK).
 MODULES = {
     "openai": "openai",
     "anthropic": "anthropic",
     "mcp": "mcp",
-    "opentelemetry": "otel",
+    "opentelemetry.sdk": "otel",
+    "opentelemetry.exporter.otlp": "otel",
     "channels_redis": "redis",
     "redis": "redis",
 }
@@ -29,16 +31,28 @@ def hint(extra: str) -> str:
 
 def extra_for(module: str) -> str | None:
     """The extra whose packages provide ``module`` (a dotted name), or None."""
-    return MODULES.get(module.split(".")[0])
+    for provided, extra in MODULES.items():
+        if module == provided or module.startswith(provided + "."):
+            return extra
+    if module.startswith("opentelemetry.exporter"):
+        return "otel"
+    return None
 
 
 def missing(extra: str) -> bool:
     """Whether a module of ``extra`` cannot be imported here."""
     return any(
-        importlib.util.find_spec(module) is None
+        _absent(module)
         for module, needed_by in MODULES.items()
         if needed_by == extra and module != "redis"  # redis comes with channels_redis
     )
+
+
+def _absent(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is None
+    except ModuleNotFoundError:  # a parent package is missing
+        return True
 
 
 class ExtraMissing(ImportError):

@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.db import InterfaceError, connection, transaction
+from django.db import InterfaceError
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
 from psycopg_pool import PoolTimeout
 
-from runtime import codec, conf, logs, metrics, registry, timers
+from runtime import codec, conf, db, logs, metrics, registry, timers
 from runtime.coordinator import WAKE_CHANNEL, Lease
 from runtime.db import (
     db_later,
@@ -92,9 +92,9 @@ def claim_many(worker_id: str, limit: int, driving: tuple[str, ...] = ()) -> lis
     return them (empty when none is runnable). Runs other workers hold are skipped, never
     waited for (SKIP LOCKED on PostgreSQL; SQLite has one writer at a time)."""
     ttl = conf.lease_ttl()
-    if connection.vendor == "postgresql":
+    if db.connection.vendor == "postgresql":
         return _claim_postgres(worker_id, ttl, limit, driving)
-    with transaction.atomic():  # IMMEDIATE: the write lock is taken at BEGIN
+    with db.atomic():  # IMMEDIATE: the write lock is taken at BEGIN
         ids = list(
             Run.objects.runnable(db_now())
             .exclude(id__in=driving)
@@ -132,7 +132,7 @@ def _claim_postgres(
     reads nothing before its first inference)."""
     run, thread, message = Run._meta.db_table, Thread._meta.db_table, MessageRecord._meta.db_table
     columns = ", ".join(f"m.{name}" for name in MESSAGE_COLUMNS)
-    with connection.cursor() as cursor:
+    with db.connection.cursor() as cursor:
         cursor.execute(
             f"WITH picked AS (SELECT id FROM {run} WHERE state = 'running' "
             "  AND (lease_expires_at IS NULL OR lease_expires_at < now()) "
@@ -297,7 +297,7 @@ class Worker:
         failure, polling meanwhile."""
         import psycopg
 
-        params = connection.get_connection_params()
+        params = db.connection.get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
         while not self.stopping.is_set():
@@ -323,22 +323,22 @@ class Worker:
         SERVING.add(self)
         self.loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
-        db = ThreadPool(conf.worker_db_connections(), "db")
+        pool = ThreadPool(conf.worker_db_connections(), "db")
         tools = ThreadPool(conf.worker_tool_threads(), "tools")
         # Each of those threads keeps a connection for its whole life: the pool holds as many
         # (more for the requests of a server that the worker runs in).
         if self.shares_process:
-            reserve_connections(db.size + tools.size)
+            reserve_connections(pool.size + tools.size)
         else:
-            size_pool(db.size + tools.size)
-        services = Services(db=db.run, tools=tools, providers=Providers())
+            size_pool(pool.size + tools.size)
+        services = Services(db=pool.run, tools=tools, providers=Providers())
         commit_announced.connect(self._on_commit, weak=False, dispatch_uid=id(self))
         # Registered before the worker claims anything, so a held run always names a known
         # worker.
         await self._registry(services, registry.register, self.worker_id, self.max_inflight)
         await self._registry(services, registry.forget_expired)
         background = [asyncio.ensure_future(self._heartbeat(services))]
-        if connection.vendor == "postgresql":
+        if db.connection.vendor == "postgresql":
             background.append(asyncio.ensure_future(self._listen_postgres()))
         try:
             await self._claim_loop(services)
@@ -356,7 +356,7 @@ class Worker:
                     self._registry(services, registry.stopped, self.worker_id), 2
                 )
             await services.providers.close()
-            db.close()
+            pool.close()
             tools.close()
             SERVING.discard(self)
 

@@ -25,8 +25,10 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from runtime import sources
+from runtime import extras, sources
 from runtime.domain.model import ToolCall
+from runtime.errors import McpServerUnavailable
+from runtime.mcp import OPERATION_ID_META_KEY
 from runtime.mcp.config import ServerConfig
 from runtime.mcp.policy import derive
 from runtime.mcp.results import looked_up, result_text
@@ -39,7 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runtime.mcp")
 
-OPERATION_ID_META_KEY = "io.durable-runtime/operation_id"
 ATTEMPT_META_KEY = "io.durable-runtime/attempt"
 
 # JSON-RPC errors that prove the server refused the request without running the tool (parse
@@ -233,10 +234,16 @@ class McpSource:
     the open connections by server name."""
 
     kind = "mcp"
+    extra = "mcp"  # the package extra the SDK comes with (runtime.extras)
 
     def attach(
         self, agent: Agent, definitions: Sequence[ServerConfig]
     ) -> AbstractAsyncContextManager[tuple[tuple[McpTool, ...], Mapping[str, Connection]]]:
+        """Raises McpServerUnavailable naming the extra when the SDK is not installed."""
+        if extras.missing(self.extra):
+            raise McpServerUnavailable(
+                f"agent {agent.name!r} names MCP servers: {extras.hint(self.extra)}"
+            )
         return attached(definitions)
 
     def pinned_tool(self, call: ToolCall, state: Mapping[str, Connection] | None) -> McpTool:
