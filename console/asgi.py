@@ -49,6 +49,8 @@ class OneHopASGIHandler(ASGIHandler):
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
         chain = self._middleware_chain  # type: ignore[has-type]  # set by load_middleware
+        from runtime import conf  # after django.setup(), which this module's import ends in
+
         threads = ThreadPoolExecutor(conf.request_threads(), "request")
 
         def respond(request: HttpRequest) -> HttpResponseBase:
@@ -80,7 +82,6 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from console import health, oversized  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
-from runtime import conf  # noqa: E402
 
 get_channel_layer()  # made (and its backend imported) now, not by the first stream
 # daphne makes its HTTP factory after it imported this module, whichever command started it
