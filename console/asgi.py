@@ -35,7 +35,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponseBase
@@ -50,7 +49,9 @@ class OneHopASGIHandler(ASGIHandler):
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
         chain = self._middleware_chain  # type: ignore[has-type]  # set by load_middleware
-        threads = ThreadPoolExecutor(settings.RUNTIME_REQUEST_THREADS, "request")
+        from runtime import conf  # after django.setup(), which this module's import ends in
+
+        threads = ThreadPoolExecutor(conf.request_threads(), "request")
 
         def respond(request: HttpRequest) -> HttpResponseBase:
             try:

@@ -35,11 +35,11 @@ import time
 from typing import Any, TypedDict
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from console.db import ACCESS_FRESH, ACCESS_SECONDS, SharedAnswers, off_loop
 from console.models import READ
+from runtime import conf
 from runtime.live import ALL_RUNS_GROUP, bind_to_running_loop, run_group
 from runtime.models import Run, StreamCheckpoint, ThreadCommit
 from runtime.untrusted import UntrustedJSONError, is_id, parse_json
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 def max_message_bytes() -> int:
     """The largest message a client may send, in bytes (RUNTIME_WS_MAX_MESSAGE_BYTES)."""
-    return int(getattr(settings, "RUNTIME_WS_MAX_MESSAGE_BYTES", 65_536))
+    return conf.ws_max_message_bytes()
 
 
 def message_problem(text_data: str | None, bytes_data: bytes | None) -> str | None:

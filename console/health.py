@@ -26,7 +26,6 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.conf import settings
 from django.contrib.staticfiles.storage import staticfiles_storage
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -34,7 +33,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from runtime import metrics
+from runtime import conf, metrics
 from runtime.db import unapplied_migrations
 
 NO_STORE = b"max-age=0, no-cache, no-store, must-revalidate, private"
@@ -144,8 +143,8 @@ def _bearer(request: HttpRequest) -> str:
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """The Prometheus exposition of this process, with the log's gauges (see module doc)."""
-    access = settings.RUNTIME_METRICS
-    token = settings.RUNTIME_METRICS_TOKEN
+    access = conf.metrics_access()
+    token = conf.metrics_token()
     if access == "off":
         raise Http404("metrics are off (RUNTIME_METRICS=off)")
     if token:

@@ -1,8 +1,10 @@
-"""Settings for the runtime and its console, read from the environment.
+"""The repository's own project settings (scripts/start, the tests), read from the environment.
 
 Every knob has a safe default for a local run on the embedded default (SQLite file, in-memory
-channel layer, in-process worker). A bad value stops start-up with ImproperlyConfigured that
-names the variable.
+channel layer, in-process worker). A value that does not parse stops start-up with
+ImproperlyConfigured that names the variable; the bounds of the RUNTIME_* settings are the
+runtime's own (runtime.conf), checked by its system checks as in any host project. This module
+imports no app code: the apps read it, never the other way round.
 """
 
 from __future__ import annotations
@@ -15,9 +17,6 @@ from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
-
-from runtime.conf import heartbeat_problem, parse_model_limits, parse_run_limits
-from runtime.logs import LEVELS, logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RUNTIME_VAR_DIR", BASE_DIR / "var"))
@@ -46,7 +45,7 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 def env_number(
     name: str,
-    default: float,
+    default: float | None,
     *,
     minimum: float = 0,
     maximum: float | None = None,
@@ -82,8 +81,7 @@ def make_var_dir(path: Path) -> None:
 
 def env_mcp_servers(name: str) -> list:
     """Read MCP server definitions: JSON text (a list), or the path of a JSON file holding
-    one; the shape is runtime.mcp.config.parse_servers'."""
-    from runtime.mcp.config import parse_servers
+    one; the shape is runtime.mcp.config.parse_servers', checked by the runtime.E004 check."""
 
     raw = (os.environ.get(name) or "").strip()
     if not raw:
@@ -99,24 +97,71 @@ def env_mcp_servers(name: str) -> list:
             ) from None
     try:
         data = json.loads(text)
-        parse_servers(data)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} ({source}): {exc}") from None
+    if not isinstance(data, list):
+        raise ImproperlyConfigured(f"{name} ({source}): a list of servers is wanted")
     return data
 
 
-def env_limits(name: str, parse) -> dict:
-    """Read limits: a JSON object by agent or model name (``runtime.limits.parse_run_limits``
-    or ``parse_model_limits`` is ``parse``, whose refusal names the entry)."""
+def env_json_mapping(name: str) -> dict[str, Any] | None:
+    """Read a JSON object (e.g. ``{"gemini": "myproject.models.GeminiProvider"}``), or None
+    when unset."""
     raw = (os.environ.get(name) or "").strip()
     if not raw:
-        return {}
+        return None
     try:
         data = json.loads(raw)
-        parse(data)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"{name}: {exc}") from None
+        raise ImproperlyConfigured(f"{name} must be a JSON object: {exc}") from None
+    if not isinstance(data, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object, got {raw!r}")
     return data
+
+
+def logging_config(level: str, log_format: str) -> dict[str, Any]:
+    """The LOGGING dict: every logger (runtime, console, django.request, django.channels,
+    daphne, ...) reaches one stderr handler through the root logger at ``level``, with the
+    runtime's log context on each line (runtime.logs, named by dotted path).
+
+    ``level`` is a name from LEVELS; ``log_format`` "plain" or "json".
+    """
+    formatter: dict[str, Any] = {
+        "()": "runtime.logs.PlainFormatter",
+        "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+    }
+    if log_format == "json":
+        formatter = {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        }
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"context": {"()": "runtime.logs.ContextFilter"}},
+        "formatters": {"main": formatter},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "main",
+                "filters": ["context"],
+            }
+        },
+        "root": {"handlers": ["stderr"], "level": level},
+        "loggers": {
+            # Django's default config gives "django" its own console handler (DEBUG only) and
+            # mail_admins; one stderr line per record is wanted, through the root.
+            "django": {"handlers": [], "level": level, "propagate": True},
+            # The HTTP clients of the model SDKs log every request at INFO.
+            "httpx": {"level": "WARNING"},
+            "httpcore": {"level": "WARNING"},
+        },
+    }
+
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def env_database(name: str, default: str) -> dj_database_url.DBConfig:
@@ -221,19 +266,20 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
+# The RUNTIME_* numbers are parsed here and bounded by runtime.conf (its runtime.E003 check);
+# unset (None), the runtime's default applies.
+UNBOUNDED: dict[str, Any] = {"minimum": -math.inf}
+UNBOUNDED_INT: dict[str, Any] = {"minimum": -math.inf, "integer": True}
+
 ROOT_URLCONF = "console.urls"
 ASGI_APPLICATION = "console.asgi.application"
 # Threads per server process that run requests' sync code (console.asgi); keep it no larger
 # than RUNTIME_DB_POOL_SIZE, so that no request thread waits for a connection.
-RUNTIME_REQUEST_THREADS = env_number(
-    "RUNTIME_REQUEST_THREADS", 8, minimum=1, maximum=256, integer=True
-)
+RUNTIME_REQUEST_THREADS = env_number("RUNTIME_REQUEST_THREADS", None, **UNBOUNDED_INT)
 # The largest WebSocket message a client may send (bytes; console.consumers refuses larger
 # ones with 4400, and runtime_serve has daphne refuse them with 1009 before reading them).
 # The live stream takes nothing from clients, so a small bound costs nothing.
-RUNTIME_WS_MAX_MESSAGE_BYTES = env_number(
-    "RUNTIME_WS_MAX_MESSAGE_BYTES", 65_536, minimum=1024, maximum=64 * 1024 * 1024, integer=True
-)
+RUNTIME_WS_MAX_MESSAGE_BYTES = env_number("RUNTIME_WS_MAX_MESSAGE_BYTES", None, **UNBOUNDED_INT)
 
 TEMPLATES = [
     {
@@ -333,81 +379,57 @@ if LOG_LEVEL not in LEVELS:
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").strip().lower()
 if LOG_FORMAT not in ("plain", "json"):
     raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, got {LOG_FORMAT!r}")
-LOGGING = logging_config(LOG_LEVEL, LOG_FORMAT)  # type: ignore[arg-type]
+LOGGING = logging_config(LOG_LEVEL, LOG_FORMAT)
 
-# /metrics (console.health): loopback (default), open or off; a token guards it from anywhere.
+# /metrics (console.health): loopback (default), open or off (checked by runtime.E004); a
+# token guards it from anywhere.
 RUNTIME_METRICS = os.environ.get("RUNTIME_METRICS", "loopback").strip().lower()
-if RUNTIME_METRICS not in ("loopback", "open", "off"):
-    raise ImproperlyConfigured(
-        f"RUNTIME_METRICS must be loopback, open or off, got {RUNTIME_METRICS!r}"
-    )
 RUNTIME_METRICS_TOKEN = os.environ.get("RUNTIME_METRICS_TOKEN", "")
 
 # A trace viewer's URL with {trace_id}: the run page links traced runs (runtime.tracing).
 RUNTIME_TRACE_URL = os.environ.get("RUNTIME_TRACE_URL", "")
 
-# The runtime's own knobs; read through runtime.conf, never at import time. Durations have
-# upper bounds too: a lease or heartbeat of 1e13 s overflows the dates it is added to.
-DAY = 86_400
+# The runtime's own knobs, read through runtime.conf (defaults, bounds and system checks there).
+# This project keeps its demo and tests as they were: the demo agents, scripted runs allowed
+# (a library's defaults are no agent and no scripts).
 RUNTIME_AGENTS = env_list(
     "RUNTIME_AGENTS", ["runtime.demo.agent.demo", "runtime.demo.agent.assistant"]
 )
 RUNTIME_ALLOW_SCRIPTED = env_bool("RUNTIME_ALLOW_SCRIPTED", True)
-RUNTIME_LEASE_SECONDS = env_number("RUNTIME_LEASE_SECONDS", 15, minimum=0.2, maximum=DAY)
-# By default a third of the lease, so that setting the lease alone never breaks the rule.
-RUNTIME_HEARTBEAT_SECONDS = env_number(
-    "RUNTIME_HEARTBEAT_SECONDS", RUNTIME_LEASE_SECONDS / 3, minimum=0.1, maximum=DAY
-)
-if problem := heartbeat_problem(RUNTIME_HEARTBEAT_SECONDS, RUNTIME_LEASE_SECONDS):
-    raise ImproperlyConfigured(problem)
+RUNTIME_DATABASE = os.environ.get("RUNTIME_DATABASE", "default")
+RUNTIME_PROVIDERS = env_json_mapping("RUNTIME_PROVIDERS")
+RUNTIME_TOOL_SOURCES = env_json_mapping("RUNTIME_TOOL_SOURCES")
+RUNTIME_LEASE_SECONDS = env_number("RUNTIME_LEASE_SECONDS", None, **UNBOUNDED)
+# Unset: a third of the lease (runtime.conf), so that setting the lease alone keeps the rule.
+RUNTIME_HEARTBEAT_SECONDS = env_number("RUNTIME_HEARTBEAT_SECONDS", None, **UNBOUNDED)
 # Silent worker rows holding no run are deleted after this long (0: never; runtime.registry).
-RUNTIME_WORKER_FORGET_SECONDS = env_number(
-    "RUNTIME_WORKER_FORGET_SECONDS", 3600, minimum=0, maximum=365 * DAY
-)
-RUNTIME_POISON_CLAIMS = env_number(
-    "RUNTIME_POISON_CLAIMS", 3, minimum=1, maximum=1000, integer=True
-)
-RUNTIME_POISON_DEATHS = env_number(
-    "RUNTIME_POISON_DEATHS", 20, minimum=1, maximum=1000, integer=True
-)
-RUNTIME_MODEL_RETRIES = env_number("RUNTIME_MODEL_RETRIES", 4, minimum=0, maximum=100, integer=True)
-RUNTIME_MODEL_BACKOFF_SECONDS = env_number(
-    "RUNTIME_MODEL_BACKOFF_SECONDS", 0.5, minimum=0, maximum=3600
-)
-RUNTIME_IDLE_POLL_SECONDS = env_number("RUNTIME_IDLE_POLL_SECONDS", 0.5, minimum=0.01, maximum=60)
+RUNTIME_WORKER_FORGET_SECONDS = env_number("RUNTIME_WORKER_FORGET_SECONDS", None, **UNBOUNDED)
+RUNTIME_POISON_CLAIMS = env_number("RUNTIME_POISON_CLAIMS", None, **UNBOUNDED_INT)
+RUNTIME_POISON_DEATHS = env_number("RUNTIME_POISON_DEATHS", None, **UNBOUNDED_INT)
+RUNTIME_MODEL_RETRIES = env_number("RUNTIME_MODEL_RETRIES", None, **UNBOUNDED_INT)
+RUNTIME_MODEL_BACKOFF_SECONDS = env_number("RUNTIME_MODEL_BACKOFF_SECONDS", None, **UNBOUNDED)
+RUNTIME_IDLE_POLL_SECONDS = env_number("RUNTIME_IDLE_POLL_SECONDS", None, **UNBOUNDED)
 # A worker's database and tool threads, each keeping one connection (runtime/worker.py).
-RUNTIME_WORKER_DB_CONNECTIONS = env_number(
-    "RUNTIME_WORKER_DB_CONNECTIONS", 4, minimum=1, maximum=100, integer=True
-)
-RUNTIME_WORKER_TOOL_THREADS = env_number(
-    "RUNTIME_WORKER_TOOL_THREADS", 4, minimum=1, maximum=1000, integer=True
-)
+RUNTIME_WORKER_DB_CONNECTIONS = env_number("RUNTIME_WORKER_DB_CONNECTIONS", None, **UNBOUNDED_INT)
+RUNTIME_WORKER_TOOL_THREADS = env_number("RUNTIME_WORKER_TOOL_THREADS", None, **UNBOUNDED_INT)
 # The `assistant` agent's MCP servers (docs/real-models.md).
 RUNTIME_MCP_SERVERS = env_mcp_servers("RUNTIME_MCP_SERVERS")
-# Limits on what runs at once (README "Limits"): {"agent": {"runs": 5, "key": "customer",
-# "per_key": 1}} and {"model": {"concurrency": 2, "per_minute": 60}}.
-RUNTIME_RUN_LIMITS = env_limits("RUNTIME_RUN_LIMITS", parse_run_limits)
-RUNTIME_MODEL_LIMITS = env_limits("RUNTIME_MODEL_LIMITS", parse_model_limits)
-RUNTIME_DELEGATION_MAX_DEPTH = env_number(
-    "RUNTIME_DELEGATION_MAX_DEPTH", 3, minimum=0, integer=True
-)
+# Limits on what runs at once (README "Limits"), checked by runtime.checks:
+# {"agent": {"runs": 5, "key": "customer", "per_key": 1}} and
+# {"model": {"concurrency": 2, "per_minute": 60}}.
+RUNTIME_RUN_LIMITS = env_json_mapping("RUNTIME_RUN_LIMITS")
+RUNTIME_MODEL_LIMITS = env_json_mapping("RUNTIME_MODEL_LIMITS")
+RUNTIME_DELEGATION_MAX_DEPTH = env_number("RUNTIME_DELEGATION_MAX_DEPTH", None, **UNBOUNDED_INT)
 RUNTIME_DELEGATION_MAX_CHILDREN = env_number(
-    "RUNTIME_DELEGATION_MAX_CHILDREN", 4, minimum=0, integer=True
+    "RUNTIME_DELEGATION_MAX_CHILDREN", None, **UNBOUNDED_INT
 )
 # Outgoing webhooks (runtime.webhooks): links in their bodies, and how deliveries retry.
 RUNTIME_CONSOLE_URL = os.environ.get("RUNTIME_CONSOLE_URL", "http://127.0.0.1:8000")
-RUNTIME_WEBHOOK_TIMEOUT_SECONDS = env_number(
-    "RUNTIME_WEBHOOK_TIMEOUT_SECONDS", 10, minimum=0.1, maximum=300
-)
-RUNTIME_WEBHOOK_BACKOFF_SECONDS = env_number(
-    "RUNTIME_WEBHOOK_BACKOFF_SECONDS", 5, minimum=0, maximum=DAY
-)
+RUNTIME_WEBHOOK_TIMEOUT_SECONDS = env_number("RUNTIME_WEBHOOK_TIMEOUT_SECONDS", None, **UNBOUNDED)
+RUNTIME_WEBHOOK_BACKOFF_SECONDS = env_number("RUNTIME_WEBHOOK_BACKOFF_SECONDS", None, **UNBOUNDED)
 RUNTIME_WEBHOOK_BACKOFF_MAX_SECONDS = env_number(
-    "RUNTIME_WEBHOOK_BACKOFF_MAX_SECONDS", 3600, minimum=0, maximum=7 * DAY
+    "RUNTIME_WEBHOOK_BACKOFF_MAX_SECONDS", None, **UNBOUNDED
 )
-RUNTIME_WEBHOOK_MAX_ATTEMPTS = env_number(
-    "RUNTIME_WEBHOOK_MAX_ATTEMPTS", 15, minimum=1, maximum=100, integer=True
-)
-RUNTIME_WEBHOOK_CONCURRENCY = env_number(
-    "RUNTIME_WEBHOOK_CONCURRENCY", 10, minimum=1, maximum=1000, integer=True
-)
+RUNTIME_WEBHOOK_MAX_ATTEMPTS = env_number("RUNTIME_WEBHOOK_MAX_ATTEMPTS", None, **UNBOUNDED_INT)
+RUNTIME_WEBHOOK_CONCURRENCY = env_number("RUNTIME_WEBHOOK_CONCURRENCY", None, **UNBOUNDED_INT)
+RUNTIME_LIMIT_POLL_SECONDS = env_number("RUNTIME_LIMIT_POLL_SECONDS", None, **UNBOUNDED)

@@ -13,11 +13,10 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from runtime import conf
+from runtime import conf, sources
 from runtime.domain.limits import RunLimit
 from runtime.domain.model import Permission, ToolCall
 from runtime.errors import UnknownAgent
-from runtime.mcp.config import ServerConfig
 from runtime.tools import Tool
 
 
@@ -25,7 +24,8 @@ from runtime.tools import Tool
 class ProviderConfig:
     """Which model an agent talks to.
 
-    ``kind`` is "scripted", "openai" (any OpenAI-compatible server) or "anthropic".
+    ``kind`` names a provider kind: "scripted", "openai" (any OpenAI-compatible server),
+    "anthropic", or one a project adds in ``RUNTIME_PROVIDERS`` (``runtime.providers``).
     ``api_key_env`` names the environment variable holding the key; ``timeout`` is in seconds;
     ``options`` are extra request fields (temperature, max_tokens, ...).
     """
@@ -42,9 +42,10 @@ class ProviderConfig:
 class Agent:
     """An agent definition. ``permissions`` overrides a tool's default permission by name;
     ``plugins`` are objects with optional hook methods (see ``runtime.hooks``);
-    ``mcp_servers`` are MCP servers whose tools the agent also offers (``runtime.mcp``).
-    ``mcp_connections`` holds the open sessions of one claim (set by ``runtime.mcp.attached``,
-    empty in a definition). ``limits`` bounds how many of its runs are driven at once (the
+    ``sources`` are definitions of tool sources whose tools the agent also offers, each
+    naming its kind (``runtime.sources``; e.g. ``runtime.mcp.StdioServer``). ``attached``
+    holds each source kind's state for one claim (set by ``runtime.sources.attached``, empty
+    in a definition). ``limits`` bounds how many of its runs are driven at once (the
     RUNTIME_RUN_LIMITS entry of its name, when there is one, wins; ``runtime.limits``)."""
 
     name: str
@@ -55,21 +56,17 @@ class Agent:
     permissions: Mapping[str, Permission] = field(default_factory=dict)
     plugins: tuple[Any, ...] = ()
     description: str = ""
-    mcp_servers: tuple[ServerConfig, ...] = ()
-    mcp_connections: Mapping[str, Any] = field(default_factory=dict)
+    sources: tuple[Any, ...] = ()
+    attached: Mapping[str, Any] = field(default_factory=dict)
     limits: RunLimit | None = None
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
 
     def tool_for(self, call: ToolCall) -> Tool | None:
-        """The tool that executes ``call``: an MCP call's is rebuilt from what it pinned
-        (schema, server identity, policy), a Python call's is the agent's tool of its name."""
-        if call.source.get("kind") == "mcp":
-            from runtime.mcp.tools import pinned_tool
-
-            return pinned_tool(call, self.mcp_connections.get(call.source["server"]))
-        return self.tool(call.name)
+        """The tool that executes ``call``: a Python call's is the agent's tool of its name,
+        a source's is rebuilt by its source from what it pinned (``runtime.sources``)."""
+        return sources.pinned_tool(self, call)
 
     def permission_for(self, tool: Tool) -> Permission:
         return self.permissions.get(tool.name, tool.permission)

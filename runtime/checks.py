@@ -1,5 +1,6 @@
 """System checks (``manage.py check``, and every command that serves or works): settings that
-parse but cannot work together, found before a run meets them."""
+are out of bounds, or parse but cannot work together, found before a run meets them. Each
+message names the setting (``runtime.conf`` holds the defaults and bounds)."""
 
 from __future__ import annotations
 
@@ -9,32 +10,145 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from runtime import conf
+from runtime import conf, extras
 
 
 @checks.register()
 def agents_load(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """runtime.E001: RUNTIME_AGENTS names at least one agent, each path loads to an Agent,
-    and no two share a name (runtime.agents.registry)."""
+    """runtime.E001: each RUNTIME_AGENTS path loads to an Agent, no two share a name
+    (runtime.agents.registry), and each agent's provider kind loads (RUNTIME_PROVIDERS, the
+    extra it needs installed), as do its tool sources (RUNTIME_TOOL_SOURCES). runtime.W001: no
+    agent is registered, so no run can start."""
+    from runtime import sources
     from runtime.agents import registry
+    from runtime.providers import factory
 
     if not conf.agent_paths():
-        return [checks.Error("RUNTIME_AGENTS names no agent", id="runtime.E001")]
+        return [
+            checks.Warning(
+                "RUNTIME_AGENTS names no agent: no run can start",
+                hint="list your agents by dotted path, e.g. RUNTIME_AGENTS ="
+                ' ["myproject.agents.support"]',
+                id="runtime.W001",
+            )
+        ]
     try:
-        registry()
+        agents = registry()
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="runtime.E001")]
-    return []
+    errors: list[checks.CheckMessage] = []
+    for name, agent in sorted(agents.items()):
+        try:
+            factory(agent.provider.kind)
+            for kind in {definition.source_kind for definition in agent.sources}:
+                extra = getattr(sources.get(kind), "extra", None)
+                if extra and extras.missing(extra):
+                    raise ImproperlyConfigured(f"its {kind} tools need {extras.hint(extra)}")
+        except ImproperlyConfigured as exc:
+            errors.append(checks.Error(f"agent {name!r}: {exc}", id="runtime.E001"))
+    return errors
+
+
+@checks.register()
+def numbers_within_bounds(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """runtime.E003: every numeric RUNTIME_* setting is a finite number within its bounds
+    (``runtime.conf.NUMBERS``); the message names the setting, its bound and the value."""
+    return [checks.Error(problem, id="runtime.E003") for problem in conf.number_problems()]
 
 
 @checks.register()
 def heartbeat_within_lease(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """runtime.E002: a heartbeat longer than a third of the lease lets a live owner's lease
-    lapse, and another worker takes its run over (``conf.heartbeat_problem``). This project's
-    settings module refuses such values before any check runs; the check keeps the rule for
-    a project that sets them some other way."""
+    lapse, and another worker takes its run over (``conf.heartbeat_problem``)."""
+    if any(True for _ in conf.number_problems()):
+        return []  # runtime.E003 says what is wrong with them
     problem = conf.heartbeat_problem(conf.heartbeat_seconds(), conf.lease_ttl().total_seconds())
     return [] if problem is None else [checks.Error(problem, id="runtime.E002")]
+
+
+@checks.register()
+def choices_and_shapes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """runtime.E004: RUNTIME_METRICS is one of its choices; RUNTIME_PROVIDERS and
+    RUNTIME_TOOL_SOURCES map kinds to dotted paths; RUNTIME_MCP_SERVERS,
+    RUNTIME_RUN_LIMITS and RUNTIME_MODEL_LIMITS parse (README "Limits")."""
+    from runtime import plugins, providers, sources
+
+    errors: list[checks.CheckMessage] = []
+    if conf.metrics_access() not in conf.METRICS_ACCESS:
+        errors.append(
+            checks.Error(
+                f"RUNTIME_METRICS must be one of {', '.join(conf.METRICS_ACCESS)},"
+                f" got {conf.metrics_access()!r}",
+                id="runtime.E004",
+            )
+        )
+    for module in (providers, sources):
+        try:
+            plugins.paths(module.SETTING, module.ENTRY_POINTS, module.BUILT_IN)
+        except ImproperlyConfigured as exc:
+            errors.append(checks.Error(str(exc), id="runtime.E004"))
+    if conf.mcp_servers():
+        from runtime.mcp.config import parse_servers
+
+        try:
+            parse_servers(conf.mcp_servers())
+        except ValueError as exc:
+            errors.append(checks.Error(f"RUNTIME_MCP_SERVERS: {exc}", id="runtime.E004"))
+    for name, read in (
+        ("RUNTIME_RUN_LIMITS", conf.run_limits),
+        ("RUNTIME_MODEL_LIMITS", conf.model_limits),
+    ):
+        try:
+            read()
+        except ValueError as exc:
+            errors.append(checks.Error(f"{name}: {exc}", id="runtime.E004"))
+    return errors
+
+
+@checks.register(checks.Tags.database)
+def database_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """runtime.E005: RUNTIME_DATABASE names a database of DATABASES, and another alias than
+    "default" is routed to by ``runtime.db.Router`` (DATABASE_ROUTERS)."""
+    problem = database_problem(conf.database(), settings.DATABASES, settings.DATABASE_ROUTERS)
+    return [] if problem is None else [checks.Error(problem, id="runtime.E005")]
+
+
+def database_problem(alias: str, databases: Any, routers: Any) -> str | None:
+    """Why the runtime cannot use database ``alias`` with these DATABASES and
+    DATABASE_ROUTERS (one line naming RUNTIME_DATABASE), or None."""
+    if alias not in databases:
+        return f"RUNTIME_DATABASE ({alias!r}) is no database of DATABASES ({', '.join(databases)})"
+    names = [
+        r if isinstance(r, str) else f"{type(r).__module__}.{type(r).__name__}" for r in routers
+    ]
+    if alias != "default" and "runtime.db.Router" not in names:
+        return (
+            f"RUNTIME_DATABASE is {alias!r}: add 'runtime.db.Router' to DATABASE_ROUTERS so"
+            " that the runtime's tables are read, written and migrated there"
+        )
+    return None
+
+
+@checks.register()
+def extras_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """runtime.E006: a setting that needs an optional extra finds it installed: a Redis
+    channel layer needs ``redis``, MCP servers need ``mcp``, an OTLP exporter needs ``otel``
+    (each message says what to pip install)."""
+    from runtime import tracing
+
+    needs: list[tuple[str, str]] = []
+    layers = getattr(settings, "CHANNEL_LAYERS", {}) or {}
+    if any("channels_redis" in str(layer.get("BACKEND", "")) for layer in layers.values()):
+        needs.append(("redis", "CHANNEL_LAYERS (a Redis channel layer)"))
+    if conf.mcp_servers():
+        needs.append(("mcp", "RUNTIME_MCP_SERVERS"))
+    if tracing.exporter_kind() is not None:
+        needs.append(("otel", "OpenTelemetry tracing (OTEL_* environment)"))
+    return [
+        checks.Error(f"{what} needs the {extra!r} extra: {extras.hint(extra)}", id="runtime.E006")
+        for extra, what in needs
+        if extras.missing(extra)
+    ]
 
 
 @checks.register()
@@ -43,9 +157,13 @@ def request_threads_within_pool(
 ) -> list[checks.CheckMessage]:
     """runtime.W002: more request threads than pooled connections make requests wait for a
     connection instead of for a thread (console.asgi)."""
-    pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
-    threads = getattr(settings, "RUNTIME_REQUEST_THREADS", 1)
-    if not pool or threads <= pool["max_size"]:
+    database = settings.DATABASES.get(conf.database(), {})
+    pool = database.get("OPTIONS", {}).get("pool")
+    try:
+        threads = conf.request_threads()
+    except ImproperlyConfigured:
+        return []  # runtime.E003
+    if not pool or not isinstance(pool, dict) or threads <= pool["max_size"]:
         return []
     return [
         checks.Warning(

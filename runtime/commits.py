@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, transaction
 
-from runtime import coordinator
+from runtime import coordinator, db
 from runtime.coordinator import Committed, Lease, read_head, read_run
 from runtime.crash import crash_point
 from runtime.domain.commit import CommitDraft, ending, stage
@@ -66,9 +66,9 @@ def commit(
     plan = coordinator.prepare(draft, lease=lease, head=head, before=before, new_thread=new_thread)
     if not plan.follow_ups:
         return coordinator.write(plan)
-    outermost = not connection.in_atomic_block
+    outermost = not db.connection.in_atomic_block
     try:
-        with transaction.atomic():
+        with db.atomic():
             done = coordinator.write(plan)
             for follow_up in plan.follow_ups:
                 _apply(follow_up)
@@ -137,7 +137,7 @@ def _deliver(child: RunView) -> None:
         head=head,
         before=parent,
     )
-    transaction.on_commit(lambda: crash_point("delivery_committed"))
+    transaction.on_commit(lambda: crash_point("delivery_committed"), using=db.alias())
 
 
 def _cancel_child(child_run_id: str, parent_run_id: str, cause: str) -> None:

@@ -14,8 +14,9 @@ no transaction is open: one round trip per commit. Every part hangs off the head
 stale writer writes nothing; a run update refused after the head moved leaves the commit row
 with a disposition but no run, which the ``commit_disposition_needs_run`` constraint rejects,
 failing the whole statement. Elsewhere (SQLite) the same rows are written statement by statement
-inside ``transaction.atomic()``. A conflict means another writer committed first: nothing of the
-loser is written, and it must reload the committed state and decide again, never overwrite.
+inside a transaction on the runtime's database (``runtime.db.atomic``). A conflict means
+another writer committed first: nothing of the loser is written, and it must reload the
+committed state and decide again, never overwrite.
 Listeners hear of a commit only after its transaction has committed.
 
 A commit that ends a child Run, or a Run with live children, owes other Runs follow-ups (the
@@ -35,10 +36,10 @@ from datetime import datetime, timedelta
 from functools import cache, partial
 from typing import Any
 
-from django.db import DataError, IntegrityError, OperationalError, connection, models, transaction
+from django.db import DataError, IntegrityError, OperationalError, models, transaction
 from django.utils import timezone
 
-from runtime import codec, conf, metrics
+from runtime import codec, conf, db, metrics
 from runtime.domain import webhooks
 from runtime.domain.commit import CommitDraft, apply_commit
 from runtime.domain.delegation import FollowUp, follow_ups
@@ -175,7 +176,7 @@ def write(plan: Plan) -> Committed:
     nobody is told. A plan that owes follow-ups is written inside the caller's transaction.
     """
     draft, writes, run = plan.draft, plan.writes, plan.run
-    outermost = not connection.in_atomic_block
+    outermost = not db.connection.in_atomic_block
     try:
         moved = _write(writes)
     except OperationalError as exc:
@@ -202,7 +203,7 @@ def write(plan: Plan) -> Committed:
         state=run.state.value if run and draft.run_id else None,
         runnable=writes.notify,
     )
-    transaction.on_commit(partial(_announce, notice))
+    transaction.on_commit(partial(_announce, notice), using=db.alias())
     return Committed(seq=writes.seq, head=plan.head, run=run)
 
 
@@ -233,11 +234,11 @@ def deadlocked(exc: OperationalError) -> bool:
 
 
 def _write(writes: _Writes) -> bool:
-    if connection.vendor != "postgresql":
-        with transaction.atomic():
+    if db.connection.vendor != "postgresql":
+        with db.atomic():
             return _write_each(writes)
-    if connection.in_atomic_block:  # a savepoint keeps the caller's transaction usable
-        with transaction.atomic():
+    if db.connection.in_atomic_block:  # a savepoint keeps the caller's transaction usable
+        with db.atomic():
             return _write_postgres(writes)
     return _write_postgres(writes)  # autocommit: the statement is its own transaction
 
@@ -607,7 +608,7 @@ def _write_each(w: _Writes) -> bool:
     """Write ``w`` statement by statement (plain SQL with the fields' own value adaptation)
     inside the caller's transaction; False when the thread or the run moved (or the lease is
     gone) and nothing was written."""
-    with connection.cursor() as cursor:
+    with db.connection.cursor() as cursor:
         if w.create_thread:
             _insert_each(
                 cursor, [_row(Thread, id=w.thread_id, version=w.seq, active_run_id=w.active_run_id)]
@@ -623,7 +624,7 @@ def _write_each(w: _Writes) -> bool:
         if w.run_insert is not None:
             _insert_each(cursor, [w.run_insert])
         elif w.run_update is not None and not _update_run_each(cursor, w):
-            transaction.set_rollback(True)
+            transaction.set_rollback(True, using=db.alias())
             return False
         _insert_each(cursor, [w.log, *w.messages, *w.reconciliations])
         _insert_each(cursor, w.calls, upsert=CALL_PROGRESS)
@@ -653,8 +654,8 @@ def _update_each(
     cursor: Any, model: type[models.Model], values: dict[str, Any], where: str, params: list
 ) -> int:
     fields = _fields_by_name(model)
-    sets = ", ".join(f"{connection.ops.quote_name(_column(fields[n]))} = %s" for n in values)
-    prepared = [fields[n].get_db_prep_save(v, connection) for n, v in values.items()]
+    sets = ", ".join(f"{db.connection.ops.quote_name(_column(fields[n]))} = %s" for n in values)
+    prepared = [fields[n].get_db_prep_save(v, db.wrapper()) for n, v in values.items()]
     cursor.execute(f"UPDATE {_table(model)} SET {sets} WHERE {where}", prepared + params)
     return cursor.rowcount
 
@@ -676,7 +677,7 @@ def _insert_each(cursor: Any, rows: Sequence[_Row], *, upsert: tuple[str, ...] =
         cursor.executemany(
             sql,
             [
-                [f.get_db_prep_save(row.values[f.attname], connection) for f in fields]
+                [f.get_db_prep_save(row.values[f.attname], db.wrapper()) for f in fields]
                 for row in same
             ],
         )
@@ -692,7 +693,7 @@ def _write_postgres(w: _Writes) -> bool:
     did not match (moved, or fenced): the statement, and so every part of it, is undone.
     """
     parts, params = _statement(w)
-    with connection.cursor() as cursor:
+    with db.connection.cursor() as cursor:
         cursor.execute(parts, params)
         moved = cursor.fetchone()[0]
     return bool(moved)
@@ -796,7 +797,7 @@ def _outbox_sql() -> str:
     table, endpoint = _table(WebhookDelivery), _table(WebhookEndpoint)
     columns = _columns(WebhookDelivery)
     values = ", ".join(
-        "e.id" if c == "endpoint_id" else f"x.{connection.ops.quote_name(c)}" for c in columns
+        "e.id" if c == "endpoint_id" else f"x.{db.connection.ops.quote_name(c)}" for c in columns
     )
     return (
         f"INSERT INTO {table} ({_names(columns)}) SELECT {values} "
@@ -823,12 +824,12 @@ def _column(field: models.Field[Any, Any]) -> str:
 
 @cache
 def _table(model: type[models.Model]) -> str:
-    return connection.ops.quote_name(model._meta.db_table)
+    return db.connection.ops.quote_name(model._meta.db_table)
 
 
 @cache
 def _names(columns: tuple[str, ...], alias: str | None = None) -> str:
-    quote = connection.ops.quote_name
+    quote = db.connection.ops.quote_name
     return ", ".join(f"{alias}.{quote(c)}" if alias else quote(c) for c in columns)
 
 
@@ -867,7 +868,7 @@ def _insert_sql(model: type[models.Model], param: str, *, source: str = "", many
 
 @cache
 def _upsert_sql(model: type[models.Model], update: tuple[str, ...]) -> str:
-    quote = connection.ops.quote_name
+    quote = db.connection.ops.quote_name
     sets = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in update)
     return f"ON CONFLICT (id) DO UPDATE SET {sets}"
 

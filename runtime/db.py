@@ -13,23 +13,75 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import (
-    DEFAULT_DB_ALIAS,
     InterfaceError,
     NotSupportedError,
     OperationalError,
-    connection,
     connections,
+    transaction,
 )
 from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Expression, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from runtime import conf
+
+# The apps whose tables live on the runtime's database (RUNTIME_DATABASE).
+RUNTIME_APPS = frozenset({"runtime", "runtime_demo"})
+
+
+def alias() -> str:
+    """The runtime's database alias (RUNTIME_DATABASE, default "default")."""
+    return conf.database()
+
+
+class _RuntimeConnection:
+    """This thread's connection to the runtime's database (``connections[alias()]``), looked
+    up on each use as ``django.db.connection`` is for the default alias."""
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(connections[alias()], item)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(connections[alias()], name, value)
+
+
+connection: Any = _RuntimeConnection()
+
+
+def wrapper() -> Any:
+    """This thread's connection to the runtime's database itself (a DatabaseWrapper)."""
+    return connections[alias()]
+
+
+def atomic(savepoint: bool = True, durable: bool = False) -> Any:
+    """``transaction.atomic`` on the runtime's database."""
+    return transaction.atomic(using=alias(), savepoint=savepoint, durable=durable)
+
+
+class Router:
+    """Routes the runtime's models (RUNTIME_APPS) to RUNTIME_DATABASE: reads, writes and
+    migrations. Needed in DATABASE_ROUTERS only when RUNTIME_DATABASE is not "default" (the
+    runtime.E005 check says so); it has no opinion on any other app's models."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+        return alias() if model._meta.app_label in RUNTIME_APPS else None
+
+    db_for_write = db_for_read
+
+    def allow_relation(self, obj1: Any, obj2: Any, **hints: Any) -> bool | None:
+        return None
+
+    def allow_migrate(self, db: str, app_label: str, **hints: Any) -> bool | None:
+        if app_label in RUNTIME_APPS:
+            return db == alias()
+        return None
+
 
 def unapplied_migrations() -> list[str]:
-    """The migrations the default database lacks, in the order ``migrate`` applies them
+    """The migrations the runtime's database lacks, in the order ``migrate`` applies them
     (``app_label.name``); raises DatabaseError when the database does not answer."""
-    executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
+    executor = MigrationExecutor(connections[alias()])
     plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
     return [f"{migration.app_label}.{migration.name}" for migration, _ in plan]
 
@@ -131,8 +183,9 @@ def open_pool() -> None:
 
 
 def _pool() -> Any:
-    """This process's psycopg_pool ConnectionPool, or None (SQLite, RUNTIME_DB_POOL_SIZE=0)."""
-    return getattr(connections[DEFAULT_DB_ALIAS], "pool", None)
+    """This process's psycopg_pool ConnectionPool of the runtime's database, or None (SQLite,
+    RUNTIME_DB_POOL_SIZE=0)."""
+    return getattr(connections[alias()], "pool", None)
 
 
 def db_now() -> Expression:

@@ -216,7 +216,14 @@ class DatabaseUnavailable(RuntimeFault):
     retry_after = 2
 
 
-class McpServerUnavailable(RuntimeFault):
+class ToolSourceUnavailable(RuntimeFault):
+    """A tool source of the agent (``runtime.sources``) cannot serve this claim."""
+
+    code = "tool_source_unavailable"
+    status = 503
+
+
+class McpServerUnavailable(ToolSourceUnavailable):
     """An MCP server of the agent could not be started or reached."""
 
     code = "mcp_server_unavailable"

@@ -28,13 +28,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
 from django.db.models import Case, CharField, Exists, OuterRef, Q, Value, When
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from runtime import conf
+from runtime import conf, db
 from runtime.agents import Agent, registry
 from runtime.db import db_now
 from runtime.domain.limits import (
@@ -93,10 +92,10 @@ def _key_of(limits: dict[str, RunLimit]) -> Any:
 def _lock(keys: list[str]) -> None:
     """Lock the ``Limit`` rows of ``keys`` (created when missing) until the transaction ends.
     SQLite's transactions take the one write lock at BEGIN (IMMEDIATE): nothing to do."""
-    if connection.vendor != "postgresql" or not keys:
+    if db.connection.vendor != "postgresql" or not keys:
         return
     table = Limit._meta.db_table
-    with connection.cursor() as cursor:
+    with db.connection.cursor() as cursor:
         cursor.execute(
             f"SELECT key FROM {table} WHERE key = ANY(%s) ORDER BY key FOR UPDATE", [keys]
         )
@@ -199,7 +198,7 @@ def _locked_budget(model: str) -> tuple[Limit, datetime]:
     and the database's now, in one statement on PostgreSQL."""
     key = f"model:{model}"
     rows = Limit.objects.filter(key=key).select_for_update()
-    postgres = connection.vendor == "postgresql"
+    postgres = db.connection.vendor == "postgresql"
     if postgres:
         rows = rows.annotate(t=Now())
     row = rows.first()
@@ -223,7 +222,7 @@ def take_model(model: str, limit: ModelLimit, run_id: str, epoch: int) -> Slot |
 
     One transaction: lock the model's row, drop slots whose claim lapsed, count the live
     ones, decide (``domain.limits.take_inference``) and write what was granted."""
-    with transaction.atomic():
+    with db.atomic():
         row, now = _locked_budget(model)
         slots = ModelSlot.objects.filter(model=model)
         in_flight = 0
@@ -253,7 +252,7 @@ def give_back(slot: Slot) -> None:
 def slow_model(model: str, retry_after: float) -> datetime:
     """Push the model's ``not_before`` to ``retry_after`` seconds from now (never earlier
     than it was), for every worker; return it."""
-    with transaction.atomic():
+    with db.atomic():
         row, now = _locked_budget(model)
         until = slowed(row.not_before, now, retry_after)
         Limit.objects.filter(key=row.key).update(not_before=until)

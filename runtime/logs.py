@@ -1,7 +1,9 @@
 """Log context: which run, thread, commit, worker and request a log line is about.
 
-Every process logs to stderr (settings.LOGGING, built by ``logging_config``): plain lines by
-default, one JSON object per line with ``LOG_FORMAT=json`` (python-json-logger). The context
+Every process of the repository's project logs to stderr (its settings.LOGGING names
+``ContextFilter`` and ``PlainFormatter`` by dotted path): plain lines by default, one JSON
+object per line with ``LOG_FORMAT=json`` (python-json-logger). A host project adds the filter to
+its own handlers to get the same fields. The context
 rides in a ContextVar, so each worker thread and each request carries its own; ``ContextFilter``
 copies it onto every record, where a formatter can print it. A value passed with
 ``extra={...}`` to one log call wins over the context.
@@ -17,16 +19,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 # The fields, in the order plain lines print them.
 FIELDS = ("run_id", "thread_id", "seq", "worker_id", "request_id")
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _context: ContextVar[Mapping[str, Any]] = ContextVar("runtime_log_context", default=_EMPTY)
-
-LogFormat = Literal["plain", "json"]
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def current() -> Mapping[str, Any]:
@@ -88,45 +87,3 @@ class PlainFormatter(logging.Formatter):
             return line
         head, newline, rest = line.partition("\n")  # keep a traceback below the pairs
         return f"{head} [{' '.join(pairs)}]{newline}{rest}"
-
-
-def logging_config(level: str, log_format: LogFormat) -> dict[str, Any]:
-    """The LOGGING dict: every logger (runtime, console, django.request, django.channels,
-    daphne, ...) reaches one stderr handler through the root logger at ``level``.
-
-    ``level`` is a name from LEVELS; ``log_format`` "plain" or "json". The settings module
-    validates both (ImproperlyConfigured names the variable).
-    """
-    formatter: dict[str, Any] = {
-        "()": "runtime.logs.PlainFormatter",
-        "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
-    }
-    if log_format == "json":
-        formatter = {
-            "()": "pythonjsonlogger.json.JsonFormatter",
-            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
-            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
-        }
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "filters": {"context": {"()": "runtime.logs.ContextFilter"}},
-        "formatters": {"main": formatter},
-        "handlers": {
-            "stderr": {
-                "class": "logging.StreamHandler",
-                "stream": "ext://sys.stderr",
-                "formatter": "main",
-                "filters": ["context"],
-            }
-        },
-        "root": {"handlers": ["stderr"], "level": level},
-        "loggers": {
-            # Django's default config gives "django" its own console handler (DEBUG only) and
-            # mail_admins; one stderr line per record is wanted, through the root.
-            "django": {"handlers": [], "level": level, "propagate": True},
-            # The HTTP clients of the model SDKs log every request at INFO.
-            "httpx": {"level": "WARNING"},
-            "httpcore": {"level": "WARNING"},
-        },
-    }

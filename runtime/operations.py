@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError
 from django.utils import timezone
 
 from runtime import codec, conf, db, tracing
@@ -225,13 +225,13 @@ def _answered(
             raise IdempotencyKeyReused(key=key)
         return record.response if record is not None else None
 
-    with transaction.atomic():
+    with db.atomic():
         answer = first_answer()
         if answer is not None:
             return answer
         try:
             response = act()
-            with transaction.atomic():  # a savepoint: the twin may hold the key by now
+            with db.atomic():  # a savepoint: the twin may hold the key by now
                 CommandRecord.objects.create(
                     run_id=run_id, key=key, request_hash=digest, response=response
                 )
@@ -284,7 +284,7 @@ def _answer(run_id: str, committed: Committed | None, operation: str, actor: str
         tracing.request_linked(operation, run_id, actor=actor)
         return run_document(run_id)
     except Exception as exc:
-        if committed is None or connection.in_atomic_block:
+        if committed is None or db.connection.in_atomic_block:
             raise
         report = log.warning if db.unavailable(exc) else log.exception
         report(
@@ -638,7 +638,7 @@ def reconcile(
     )
     follow_up = None
     # The note and the follow-up run land together or not at all.
-    with transaction.atomic():
+    with db.atomic():
         done = commit(
             CommitDraft(
                 thread_id=thread_id,
@@ -683,12 +683,12 @@ def start_child(
     link = ChildLink(
         run_id=child_id, parent_run_id=run.run_id, parent_call_id=call.call_id, depth=run.depth + 1
     )
-    with transaction.atomic():
+    with db.atomic():
         existing = read_run(child_id)  # recovery finds the child by the call's operation id
         if existing is None:
             metadata = tool.delegate.metadata(arguments) if tool.delegate.metadata else {}
             try:
-                with transaction.atomic():
+                with db.atomic():
                     start_run(
                         agent=tool.delegate.agent,
                         input=arguments["input"],

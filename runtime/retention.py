@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from django.db import connection, transaction
 from django.db.models import Count, Max, Q
 from django.utils.dateparse import parse_datetime
 
-from runtime import codec, fsck, inventory
+from runtime import codec, db, fsck, inventory
 from runtime.commits import commit
 from runtime.domain.commit import CommitDraft, fold
 from runtime.domain.model import RunState
@@ -126,8 +125,8 @@ def prune(cutoff: datetime, *, dry_run: bool = False, batch_size: int = 500) -> 
     """
     report = PruneReport(dry_run=dry_run, cutoff=cutoff)
     for batch in _batches(cutoff, batch_size):
-        with transaction.atomic():
-            if connection.vendor == "postgresql" and not dry_run:
+        with db.atomic():
+            if db.connection.vendor == "postgresql" and not dry_run:
                 list(Thread.objects.select_for_update().filter(id__in=batch).values("id"))
             still = list(eligible_threads(cutoff).filter(id__in=batch).values_list("id", flat=True))
             kept = keep_reasons(still)
@@ -235,7 +234,7 @@ def import_thread(lines: Iterable[str]) -> dict[str, Any]:
         # This deployment's workers and operators would act on it a second time.
         raise ImportRefused(f"only ended runs are imported; not ended: {', '.join(live)}")
     times = {row["seq"]: _time(row.get("created_at"), f"commit {row['seq']}") for row in commits}
-    with transaction.atomic():
+    with db.atomic():
         if Thread.objects.filter(id=thread_id).exists():
             raise ImportRefused(f"thread {thread_id} exists already")
         Thread.objects.create(id=thread_id, metadata=thread.get("metadata") or {})

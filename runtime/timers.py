@@ -16,9 +16,9 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
 from django.utils import timezone
 
+from runtime import db
 from runtime.crash import crash_point
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.errors import NotAwaiting, RunEnded, TicketConsumed, TicketMismatch, VersionConflict
@@ -53,9 +53,9 @@ def fire_due(now: datetime | None = None, *, limit: int = 20) -> int:
         return 0
     fired = 0
     for _ in range(limit):
-        with transaction.atomic():
+        with db.atomic():
             rows = due.order_by("due_at")
-            if connection.vendor == "postgresql":
+            if db.connection.vendor == "postgresql":
                 rows = rows.select_for_update(skip_locked=True)
             row = rows.values("id", "run_id").first()
             if row is None:

@@ -55,6 +55,12 @@ def _wanted() -> str | None:
     return "otlp" if any(os.environ.get(name) for name in endpoints) else None
 
 
+def exporter_kind() -> str | None:
+    """The exporter the environment asks for ("otlp" or "console"), or None (tracing off);
+    either needs the ``otel`` extra (the OpenTelemetry SDK), which ``runtime.checks`` checks."""
+    return _wanted()
+
+
 def _configure() -> TracerProvider | None:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider

@@ -36,12 +36,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from django.db import connection, transaction
 from django.db.models import Exists, F, Min, OuterRef, Q
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
-from runtime import conf, metrics
+from runtime import conf, db, metrics
 from runtime.db import db_later, db_now
 from runtime.domain.webhooks import SUBSCRIBABLE, GiveUp, WebhookEvent, next_attempt
 from runtime.errors import NotFound, WebhookRefused
@@ -197,9 +196,9 @@ def claim_due(worker_id: str, limit: int) -> list[Due]:
     Rows other workers are claiming are skipped (SKIP LOCKED on PostgreSQL)."""
     if limit <= 0 or not _claimable(db_now()).exists():  # the usual answer, one statement
         return []
-    with transaction.atomic():
+    with db.atomic():
         rows = _claimable(db_now()).order_by("next_attempt_at", "id")
-        if connection.vendor == "postgresql":
+        if db.connection.vendor == "postgresql":
             rows = rows.select_for_update(skip_locked=True, of=("self",))
         ids = list(rows.values_list("id", flat=True)[:limit])
         if not ids:
@@ -299,7 +298,7 @@ def record(due: Due, answer: Answer, *, worker_id: str) -> str:
         else:
             outcome = "retry"
             fields["next_attempt_at"] = now + timedelta(seconds=decision.delay)
-    with transaction.atomic():
+    with db.atomic():
         WebhookDelivery.objects.filter(id=due.id, state="pending", attempts=due.attempt).update(
             **fields
         )

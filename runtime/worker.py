@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.db import InterfaceError, connection, transaction
+from django.db import InterfaceError
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
 from psycopg_pool import PoolTimeout
 
-from runtime import codec, conf, limits, logs, metrics, registry, timers, webhooks
+from runtime import codec, conf, db, limits, logs, metrics, registry, timers, webhooks
 from runtime.coordinator import WAKE_CHANNEL, Lease
 from runtime.db import (
     db_later,
@@ -96,15 +96,15 @@ def claim_many(worker_id: str, limit: int, driving: tuple[str, ...] = ()) -> lis
     own that counts their slots under a lock (``runtime.limits.claim_limited``)."""
     ttl = conf.lease_ttl()
     bounded = limits.run_limits()
-    if connection.vendor == "postgresql":
+    if db.connection.vendor == "postgresql":
         claimed = _claim_postgres(worker_id, ttl, limit, driving, exclude=tuple(bounded))
         if bounded and len(claimed) < limit:
-            with transaction.atomic():
+            with db.atomic():
                 ids = limits.claim_limited(bounded, limit - len(claimed), driving)
                 if ids:
                     claimed += _claim_postgres(worker_id, ttl, len(ids), driving, ids=ids)
         return claimed
-    with transaction.atomic():  # IMMEDIATE: the write lock is taken at BEGIN
+    with db.atomic():  # IMMEDIATE: the write lock is taken at BEGIN
         ids = list(
             Run.objects.runnable(db_now())
             .exclude(id__in=driving)
@@ -156,7 +156,7 @@ def _claim_postgres(
     run, thread, message = Run._meta.db_table, Thread._meta.db_table, MessageRecord._meta.db_table
     columns = ", ".join(f"m.{name}" for name in MESSAGE_COLUMNS)
     chosen = "AND NOT (agent = ANY(%s))" if ids is None else "AND id = ANY(%s)"
-    with connection.cursor() as cursor:
+    with db.connection.cursor() as cursor:
         cursor.execute(
             f"WITH picked AS (SELECT id FROM {run} WHERE state = 'running' AND NOT paused "
             "  AND (lease_expires_at IS NULL OR lease_expires_at < now()) "
@@ -335,7 +335,7 @@ class Worker:
         failure, polling meanwhile."""
         import psycopg
 
-        params = connection.get_connection_params()
+        params = db.connection.get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
         while not self.stopping.is_set():
@@ -362,15 +362,15 @@ class Worker:
         self.loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
         self.limited = bool(limits.run_limits())
-        db = ThreadPool(conf.worker_db_connections(), "db")
+        pool = ThreadPool(conf.worker_db_connections(), "db")
         tools = ThreadPool(conf.worker_tool_threads(), "tools")
         # Each of those threads keeps a connection for its whole life: the pool holds as many
         # (more for the requests of a server that the worker runs in).
         if self.shares_process:
-            reserve_connections(db.size + tools.size)
+            reserve_connections(pool.size + tools.size)
         else:
-            size_pool(db.size + tools.size)
-        services = Services(db=db.run, tools=tools, providers=Providers())
+            size_pool(pool.size + tools.size)
+        services = Services(db=pool.run, tools=tools, providers=Providers())
         commit_announced.connect(self._on_commit, weak=False, dispatch_uid=id(self))
         # Registered before the worker claims anything, so a held run always names a known
         # worker.
@@ -378,8 +378,10 @@ class Worker:
         await self._registry(services, registry.forget_expired)
         background = [asyncio.ensure_future(self._heartbeat(services))]
         # Webhook deliveries: a task of their own beside the runs, never on a run's path.
-        background.append(asyncio.ensure_future(webhooks.Deliverer(self.worker_id, db.run).serve()))
-        if connection.vendor == "postgresql":
+        background.append(
+            asyncio.ensure_future(webhooks.Deliverer(self.worker_id, pool.run).serve())
+        )
+        if db.connection.vendor == "postgresql":
             background.append(asyncio.ensure_future(self._listen_postgres()))
         try:
             await self._claim_loop(services)
@@ -397,7 +399,7 @@ class Worker:
                     self._registry(services, registry.stopped, self.worker_id), 2
                 )
             await services.providers.close()
-            db.close()
+            pool.close()
             tools.close()
             SERVING.discard(self)
 

@@ -21,7 +21,7 @@ from console.settings import (
     env_mcp_servers,
     env_number,
 )
-from runtime.checks import heartbeat_within_lease
+from runtime.checks import choices_and_shapes, heartbeat_within_lease
 from runtime.conf import heartbeat_problem
 
 VAR = "RUNTIME_TEST_SETTINGS_VAR"
@@ -235,21 +235,28 @@ def test_env_mcp_servers_from_json_text_or_a_file(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize(
     ("raw", "problem"),
-    [
-        ("[{", "Expecting"),
-        ('[{"name": "x"}]', "command"),
-        ("/no/such/servers.json", "No such file"),
-        (
-            '[{"name": "x", "url": "http://h/mcp", "tools": {"t": {"policy": "reconnect"}}}]',
-            "lookup",
-        ),
-    ],
+    [("[{", "Expecting"), ("/no/such/servers.json", "No such file"), ("{}", "a list")],
 )
 def test_env_mcp_servers_refuses_naming_the_variable(monkeypatch, raw, problem):
     monkeypatch.setenv(VAR, raw)
     with pytest.raises(ImproperlyConfigured, match=VAR) as caught:
         env_mcp_servers(VAR)
     assert problem in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("servers", "problem"),
+    [
+        ([{"name": "x"}], "command"),
+        ([{"name": "x", "url": "http://h/mcp", "tools": {"t": {"policy": "reconnect"}}}], "lookup"),
+    ],
+)
+def test_servers_that_do_not_parse_fail_the_check(settings, servers, problem):
+    """The settings module reads the JSON; the runtime.E004 check parses the servers."""
+    settings.RUNTIME_MCP_SERVERS = servers
+    (error,) = choices_and_shapes()
+    assert error.id == "runtime.E004" and error.msg.startswith("RUNTIME_MCP_SERVERS: ")
+    assert problem in error.msg
 
 
 def test_a_bad_setting_stops_manage_py_with_one_line(tmp_path):
@@ -320,20 +327,26 @@ def test_a_var_dir_that_cannot_be_made_stops_manage_py_with_one_line(tmp_path):
             {"RUNTIME_AGENTS": "runtime.conf.lease_ttl"},
             "(runtime.E001) RUNTIME_AGENTS: 'runtime.conf.lease_ttl' is a timedelta",
         ),
-        ({"RUNTIME_AGENTS": ","}, "(runtime.E001) RUNTIME_AGENTS names no agent"),
         (
             {"RUNTIME_AGENTS": "runtime.demo.agent.demo,runtime.demo.agent.demo"},
             "is named 'demo', as an agent before it is",
         ),
         ({"RUNTIME_AGENTS": "sys.exit"}, "cannot load 'sys.exit': SystemExit()"),
     ],
-    ids=["missing", "not-an-agent", "none", "two-of-a-name", "exits"],
+    ids=["missing", "not-an-agent", "two-of-a-name", "exits"],
 )
 def test_an_agent_that_cannot_load_fails_the_check(tmp_path, env, said):
     done = manage_py("check", RUNTIME_VAR_DIR=str(tmp_path), **env)
     assert done.returncode == 1
     assert said in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_no_agent_is_a_warning(tmp_path):
+    """A library installed before its host defines an agent: check passes, and says so."""
+    done = manage_py("check", RUNTIME_VAR_DIR=str(tmp_path), RUNTIME_AGENTS=",")
+    assert done.returncode == 0, done.stderr
+    assert "(runtime.W001) RUNTIME_AGENTS names no agent: no run can start" in done.stderr
 
 
 @pytest.mark.parametrize("command", [("check",), ("runtime_worker", "--until-idle")])
@@ -347,11 +360,11 @@ def test_a_heartbeat_over_a_third_of_the_lease_is_refused(tmp_path, command, hea
         RUNTIME_HEARTBEAT_SECONDS=heartbeat,
     )
     assert done.returncode == 1, done
-    assert done.stderr.startswith(
-        f"error: RUNTIME_HEARTBEAT_SECONDS ({heartbeat}) must be at most a third of"
+    assert (
+        f"(runtime.E002) RUNTIME_HEARTBEAT_SECONDS ({heartbeat}) must be at most a third of"
         f" RUNTIME_LEASE_SECONDS ({lease})"
-    ), done.stderr
-    assert done.stderr.count("\n") == 1, done.stderr
+    ) in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(("heartbeat", "lease"), [(5, 15), (0.3, 1), (0.1, 0.3), (10, 30)])
@@ -381,3 +394,74 @@ def test_the_check_refuses_what_another_settings_module_lets_through(settings):
     assert error.msg.startswith("RUNTIME_HEARTBEAT_SECONDS (5) must be at most a third of")
     settings.RUNTIME_HEARTBEAT_SECONDS = 3
     assert heartbeat_within_lease() == []
+
+
+# --- runtime.conf: library defaults, bounds checked by the system checks --------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "said"),
+    [
+        (
+            "RUNTIME_LEASE_SECONDS",
+            "1e13",
+            "RUNTIME_LEASE_SECONDS must be at most 86400, got 10000000000000.0",
+        ),
+        ("RUNTIME_POISON_CLAIMS", "0", "RUNTIME_POISON_CLAIMS must be at least 1, got 0"),
+        (
+            "RUNTIME_WS_MAX_MESSAGE_BYTES",
+            "10",
+            "RUNTIME_WS_MAX_MESSAGE_BYTES must be at least 1024, got 10",
+        ),
+        ("RUNTIME_MODEL_RETRIES", "101", "RUNTIME_MODEL_RETRIES must be at most 100, got 101"),
+    ],
+)
+def test_manage_py_check_names_a_value_out_of_bounds(tmp_path, name, raw, said):
+    """The bounds are the runtime's (runtime.conf), so a host project gets the same check."""
+    done = manage_py("check", RUNTIME_VAR_DIR=str(tmp_path), **{name: raw})
+    assert done.returncode == 1, done.stderr
+    assert f"(runtime.E003) {said}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_bounds_hold_for_settings_set_in_python(settings):
+    from runtime import conf
+    from runtime.checks import numbers_within_bounds
+
+    settings.RUNTIME_WORKER_TOOL_THREADS = 2.5
+    (error,) = numbers_within_bounds()
+    assert error.msg == "RUNTIME_WORKER_TOOL_THREADS must be a whole number, got 2.5"
+    with pytest.raises(ImproperlyConfigured, match="RUNTIME_WORKER_TOOL_THREADS must be a whole"):
+        conf.worker_tool_threads()
+
+
+def test_a_library_registers_no_agent_and_refuses_scripts(settings):
+    """A host that sets nothing: no demo agent, no scripted runs; this project sets both."""
+    from runtime import conf
+
+    assert conf.agent_paths() == ["runtime.demo.agent.demo", "runtime.demo.agent.assistant"]
+    assert conf.allow_scripted() is True
+    del settings.RUNTIME_AGENTS, settings.RUNTIME_ALLOW_SCRIPTED
+    assert conf.agent_paths() == []
+    assert conf.allow_scripted() is False
+
+
+def test_the_database_alias_must_exist_and_be_routed(settings):
+    from runtime.checks import database_alias, database_problem
+
+    settings.RUNTIME_DATABASE = "runtime"
+    (error,) = database_alias()
+    assert error.id == "runtime.E005" and "RUNTIME_DATABASE ('runtime') is no database" in error.msg
+    databases = {"default": {}, "runtime": {}}
+    assert "add 'runtime.db.Router' to DATABASE_ROUTERS" in str(
+        database_problem("runtime", databases, [])
+    )
+    assert database_problem("runtime", databases, ["runtime.db.Router"]) is None
+    assert database_problem("default", databases, []) is None
+
+
+def test_the_settings_module_imports_no_app_code():
+    """console/settings.py reads the environment only: the apps read it, not the reverse."""
+    source = (Path(__file__).resolve().parent.parent / "console" / "settings.py").read_text()
+    imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert not [line for line in imports if "runtime" in line or "console" in line], imports

@@ -1,32 +1,12 @@
-"""Create the viewers, approvers and operators groups with the console's permissions."""
+"""Once created the viewers, approvers and operators groups in the host's auth tables.
+
+Groups are no migration's side effect any more: ``manage.py runtime_bootstrap`` creates them
+when asked (scripts/start runs it), so a host project that installs the console gets no group
+it did not ask for. The migration stays, empty, so that databases that applied it keep their
+migration history.
+"""
 
 from django.db import migrations
-
-GROUPS = {
-    "viewers": ("read_runs",),
-    "approvers": ("read_runs", "resume_runs"),
-    "operators": ("read_runs", "resume_runs", "operate_runs"),
-}
-PERMISSIONS = {
-    "read_runs": "Can read runs, tickets and the log",
-    "resume_runs": "Can approve, deny and give input to tickets",
-    "operate_runs": "Can start and cancel runs and reconcile tool calls",
-}
-
-
-def create_groups(apps, schema_editor):
-    ContentType = apps.get_model("contenttypes", "ContentType")
-    Permission = apps.get_model("auth", "Permission")
-    Group = apps.get_model("auth", "Group")
-    content_type, _ = ContentType.objects.get_or_create(app_label="console", model="access")
-    perms = {}
-    for codename, name in PERMISSIONS.items():
-        perms[codename], _ = Permission.objects.get_or_create(
-            content_type=content_type, codename=codename, defaults={"name": name}
-        )
-    for group_name, codenames in GROUPS.items():
-        group, _ = Group.objects.get_or_create(name=group_name)
-        group.permissions.add(*(perms[c] for c in codenames))
 
 
 class Migration(migrations.Migration):
@@ -36,4 +16,4 @@ class Migration(migrations.Migration):
         ("contenttypes", "0002_remove_content_type_name"),
     ]
 
-    operations = [migrations.RunPython(create_groups, migrations.RunPython.noop)]
+    operations = []

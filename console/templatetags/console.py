@@ -13,8 +13,9 @@ from typing import Any
 from urllib.parse import quote
 
 from django import template
-from django.conf import settings
 from django.utils.html import format_html
+
+from runtime import conf
 
 register = template.Library()
 
@@ -33,7 +34,7 @@ def pretty_json(value: Any) -> str:
 @register.filter
 def trace_url(trace_id: Any) -> str:
     """The trace viewer's URL of ``trace_id`` (RUNTIME_TRACE_URL with ``{trace_id}``), or ""."""
-    template = getattr(settings, "RUNTIME_TRACE_URL", "")
+    template = conf.trace_url()
     if not template or not trace_id:
         return ""
     return template.replace("{trace_id}", quote(str(trace_id), safe=""))

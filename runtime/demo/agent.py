@@ -16,6 +16,7 @@ from pydantic_core import PydanticCustomError
 from runtime import conf
 from runtime.agents import Agent, ProviderConfig
 from runtime.domain.model import Effects, Permission, RecoveryPolicy
+from runtime.mcp.config import parse_servers
 from runtime.models import LedgerEffect
 from runtime.tools import Fenced, InputWait, Tool, ToolContext, delegate, tool
 
@@ -208,5 +209,5 @@ def assistant() -> Agent:
             timeout=float(os.environ.get("RUNTIME_MODEL_TIMEOUT", "60")),
         ),
         step_limit=12,
-        mcp_servers=conf.mcp_servers(),
+        sources=parse_servers(conf.mcp_servers()),
     )

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runtime import logs, staging, tracing
+from runtime import logs, sources, staging, tracing
 from runtime.agents import Agent, get_agent
 from runtime.commits import commit
 from runtime.coordinator import Committed, Lease, read_frontier
@@ -45,14 +45,13 @@ from runtime.errors import (
     IllegalTransition,
     InvalidCommit,
     LeaseLost,
-    McpServerUnavailable,
     RunIsPaused,
+    ToolSourceUnavailable,
     UnknownAgent,
     VersionConflict,
 )
 from runtime.loop import execute, gate, infer
 from runtime.loop.boundary import Abandon, CommitParent, Services, WaitForLimit
-from runtime.mcp.tools import attached
 from runtime.models import LateEvidence, MessageRecord, Run
 
 log = logging.getLogger("runtime.loop")
@@ -289,10 +288,10 @@ class RunDriver:
             if self._run.state is RunState.RUNNING:
                 await self.end(EndCause.FAILED, {"type": exc.code, "message": exc.message})
             return
-        try:  # the agent's MCP tools are listed now and offered beside its own
-            async with attached(agent) as agent:
+        try:  # the agent's source tools (MCP) are listed now and offered beside its own
+            async with sources.attached(agent) as agent:
                 await self._loop(agent)
-        except McpServerUnavailable as exc:  # fails the run's step, not the worker
+        except ToolSourceUnavailable as exc:  # fails the run's step, not the worker
             log.warning("run %s: %s", self.run_id, exc.message)
             if self._run.state is RunState.RUNNING:
                 await self.end(EndCause.FAILED, {"type": exc.code, "message": exc.message})

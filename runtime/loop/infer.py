@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from runtime import conf, limits, live, metrics
@@ -99,11 +100,14 @@ async def infer(d: Boundary, agent: Agent, step: int) -> None:
 
 def _provider(d: Boundary, agent: Agent) -> Provider:
     """The run's model provider. A script stored before its rules tightened (start_run checks
-    new ones) fails the run as a model that refuses for good does, not as a crash."""
+    new ones), or a provider kind the deployment cannot load (RUNTIME_PROVIDERS), fails the
+    run as a model that refuses for good does, not as a crash."""
     try:
         return d.services.providers.get(agent.provider, d.metadata)
     except ScriptRefused as exc:
         raise ModelError(str(exc), provider="scripted", retryable=False) from exc
+    except ImproperlyConfigured as exc:  # an unknown kind, a missing extra: fails for good
+        raise ModelError(str(exc), provider=agent.provider.kind, retryable=False) from exc
 
 
 async def _with_retries(

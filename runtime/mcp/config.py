@@ -1,7 +1,7 @@
 """How an agent names its MCP servers: a stdio command or a streamable HTTP URL, plus per-tool
 overrides of the policy that the tool's annotations suggest.
 
-Definitions are plain values, written in Python (``Agent(mcp_servers=(...))``) or read from
+Definitions are plain values, written in Python (``Agent(sources=(...))``) or read from
 JSON (``RUNTIME_MCP_SERVERS`` for the ``assistant`` agent, see ``parse_servers``). Secrets never
 sit in a definition: HTTP headers name environment variables, read when the worker connects.
 """
@@ -73,6 +73,11 @@ class StdioServer:
     call_timeout: float = 300.0
 
     @property
+    def source_kind(self) -> str:
+        """The tool source that serves this definition (``runtime.sources``)."""
+        return "mcp"
+
+    @property
     def transport(self) -> str:
         return "stdio"
 
@@ -96,6 +101,11 @@ class HttpServer:
     tools: Mapping[str, ToolOverride] = field(default_factory=dict)
     connect_timeout: float = 15.0
     call_timeout: float = 300.0
+
+    @property
+    def source_kind(self) -> str:
+        """The tool source that serves this definition (``runtime.sources``)."""
+        return "mcp"
 
     @property
     def transport(self) -> str:

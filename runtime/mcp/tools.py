@@ -1,7 +1,8 @@
 """MCP tools as ordinary ``Tool`` values, and the claim-long attachment of an agent's servers.
 
-At a claim, ``attached(agent)`` opens a session to each of the agent's servers, lists their
-tools and returns the agent with those tools beside its own, named ``<server>__<tool>``. Each
+The tool source of kind "mcp" (``SOURCE``, registered with ``runtime.sources`` on import): at
+a claim, ``attached(definitions)`` opens a session to each of the agent's servers, lists their
+tools and offers them beside the agent's own, named ``<server>__<tool>``. Each
 offered tool carries its ``source``: server identity (name, transport, target, the server's
 own name and version), the tool's input schema and annotations, and the lookup tool, which
 the loop pins into every call together with the derived policy (``runtime.mcp.policy``).
@@ -18,13 +19,17 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from runtime import extras, sources
 from runtime.domain.model import ToolCall
+from runtime.errors import McpServerUnavailable
+from runtime.mcp import OPERATION_ID_META_KEY
+from runtime.mcp.config import ServerConfig
 from runtime.mcp.policy import derive
 from runtime.mcp.results import looked_up, result_text
 from runtime.mcp.sessions import Connection, ConnectionLost, Listing, McpSessions
@@ -36,7 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runtime.mcp")
 
-OPERATION_ID_META_KEY = "io.durable-runtime/operation_id"
 ATTEMPT_META_KEY = "io.durable-runtime/attempt"
 
 # JSON-RPC errors that prove the server refused the request without running the tool (parse
@@ -206,25 +210,44 @@ def pinned_tool(call: ToolCall, connection: Connection | None) -> McpTool:
 
 
 @asynccontextmanager
-async def attached(agent: Agent) -> AsyncIterator[Agent]:
-    """Open the agent's MCP servers for a claim; yield the agent with their tools added.
+async def attached(
+    servers: Sequence[ServerConfig],
+) -> AsyncIterator[tuple[tuple[McpTool, ...], Mapping[str, Connection]]]:
+    """Open ``servers`` for a claim; yield their tools and the open connections by name.
 
     Raises McpServerUnavailable (before yielding) when a server cannot be started or reached
     within its ``connect_timeout``. Every session is closed, and every stdio server stopped,
     when the block ends.
     """
-    if not agent.mcp_servers:
-        yield agent
-        return
-    sessions = McpSessions(agent.mcp_servers)
+    sessions = McpSessions(tuple(servers))
     try:
-        offered: list[Tool] = []
+        offered: list[McpTool] = []
         for connection in sessions.connections.values():
             offered.extend(offered_tools(connection, await connection.open()))
-        yield replace(
-            agent,
-            tools=agent.tools + tuple(offered),
-            mcp_connections=MappingProxyType(dict(sessions.connections)),
-        )
+        yield tuple(offered), MappingProxyType(dict(sessions.connections))
     finally:
         await sessions.close()
+
+
+class McpSource:
+    """MCP servers as a tool source (``runtime.sources.ToolSource``); the claim's state is
+    the open connections by server name."""
+
+    kind = "mcp"
+    extra = "mcp"  # the package extra the SDK comes with (runtime.extras)
+
+    def attach(
+        self, agent: Agent, definitions: Sequence[ServerConfig]
+    ) -> AbstractAsyncContextManager[tuple[tuple[McpTool, ...], Mapping[str, Connection]]]:
+        """Raises McpServerUnavailable naming the extra when the SDK is not installed."""
+        if extras.missing(self.extra):
+            raise McpServerUnavailable(
+                f"agent {agent.name!r} names MCP servers: {extras.hint(self.extra)}"
+            )
+        return attached(definitions)
+
+    def pinned_tool(self, call: ToolCall, state: Mapping[str, Connection] | None) -> McpTool:
+        return pinned_tool(call, (state or {}).get(call.source["server"]))
+
+
+SOURCE = sources.register(McpSource())

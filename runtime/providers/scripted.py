@@ -215,3 +215,12 @@ class ScriptedProvider:
             finish_reason="tool_calls" if calls else "stop",
             usage={"input_tokens": 0, "output_tokens": len(step.text.split())},
         )
+
+
+def from_config(config: Any) -> ScriptedProvider:
+    """The ``scripted`` kind of an agent: a run without a script of its own has nothing to
+    say (FINAL_TEXT); a run that carries one is answered by it (``build_provider``)."""
+    return ScriptedProvider(parse_script({"steps": []}))
+
+
+from_config.shared = False  # type: ignore[attr-defined]  # responses are per run

@@ -4,9 +4,9 @@ write records who did it."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Group
 from django.test import Client
 
+from console.management.groups import ensure_groups
 from console.models import ApiToken
 from runtime.models import Run
 from tests.api.conftest import Api, error_of
@@ -103,7 +103,7 @@ def test_a_superuser_may_do_everything(api_as):
 
 def group_member(make_user, group: str) -> Api:
     user, token = make_user(f"in-{group}")
-    user.groups.add(Group.objects.get(name=group))
+    user.groups.add(ensure_groups()[group])
     return Api(Client(), token)
 
 
@@ -168,7 +168,7 @@ def test_one_query_authenticates_a_request(make_user, django_assert_num_queries)
     """The token, its user and the permission (direct or through a group) in one query, not
     three; the list is the second."""
     user, token = make_user("quick")
-    user.groups.add(Group.objects.get(name="viewers"))
+    user.groups.add(ensure_groups()["viewers"])
     api = Api(Client(), token)
     assert api.get("/runs").status_code == 200  # the first use also stamps last_used_at
     with django_assert_num_queries(2):

@@ -62,3 +62,42 @@ def test_operator_says_an_existing_users_password_is_unchanged(make_user):
     )
     assert "'olga' already existed: its password is unchanged" in err.getvalue()
     assert authenticate(username="olga", password="new-pass-123") is None
+
+
+def test_migrate_creates_no_group_and_bootstrap_is_how_a_project_asks():
+    """A host's auth tables get the console's groups only from runtime_bootstrap (scripts/start
+    runs it), never as a side effect of migrate (console/0002 is empty now)."""
+    from django.contrib.auth.models import Group
+
+    assert not Group.objects.exists()  # the test database was migrated
+    out = run("runtime_bootstrap", "--groups-only")
+    assert "groups viewers, approvers and operators are ready" in out
+    assert sorted(Group.objects.values_list("name", flat=True)) == [
+        "approvers",
+        "operators",
+        "viewers",
+    ]
+    assert not get_user_model().objects.exists()
+    run("runtime_bootstrap", "--groups-only")  # again: nothing new
+    assert Group.objects.count() == 3
+
+
+def test_the_server_starts_its_children_without_a_manage_py(tmp_path):
+    """runtime_serve's children are started with ``python -m django`` and the settings module,
+    from any folder: nothing looks for manage.py beside the installed package."""
+    import subprocess
+    import sys
+
+    from console.management.commands.runtime_serve import child_command
+
+    command, env = child_command()
+    assert command[:3] == [sys.executable, "-m", "django"] and "manage.py" not in command
+    done = subprocess.run(
+        [*command[:3], "check", *command[4:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from runtime.agents import ProviderConfig
 from runtime.domain.model import Message
@@ -57,7 +58,7 @@ def test_anthropic_kind() -> None:
 
 
 def test_unknown_kind() -> None:
-    with pytest.raises(ValueError, match="unknown provider kind 'gemini'"):
+    with pytest.raises(ImproperlyConfigured, match="unknown kind 'gemini' for RUNTIME_PROVIDERS"):
         build_provider(ProviderConfig(kind="gemini"), {})
 
 

@@ -1,8 +1,11 @@
-"""Create the first operator: ``manage.py runtime_bootstrap [--username U] [--password P]``.
+"""Create the console's groups and the first operator: ``manage.py runtime_bootstrap
+[--username U] [--password P] [--groups-only]``.
 
-Only when no user exists yet, so running it again is harmless. The username is held to
-Django's username validator (a refusal exits 2). The operator is staff: it may
-manage users and groups in ``/admin/`` and view the runtime's tables there (read only).
+The groups viewers, approvers and operators (``console.management.groups``) are created when
+missing, every time: this command, not a migration, is how a project asks for them. The
+operator is created only when no user exists yet, so running it again is harmless. The
+username is held to Django's username validator (a refusal exits 2). The operator is staff: it
+may manage users and groups in ``/admin/`` and view the runtime's tables there (read only).
 Without ``--password`` a random password is generated and printed once.
 """
 
@@ -43,16 +46,24 @@ class Command(RuntimeCommand):
     def add_arguments(self, parser):
         parser.add_argument("--username", default="operator")
         parser.add_argument("--password", default=None, help="default: random, printed once")
+        parser.add_argument(
+            "--groups-only", action="store_true", help="create the groups, no operator"
+        )
 
     def handle(self, *args, **options):
         User = get_user_model()
         username = clean_username(options["username"], "--username")
         password = options["password"] or secrets.token_urlsafe(12)
         with transaction.atomic():
-            if User.objects.exists():
-                self.stdout.write("A user already exists; nothing was created.")
-                return
             groups = ensure_groups()
+            if options["groups_only"]:
+                self.stdout.write("The groups viewers, approvers and operators are ready.")
+                return
+            if User.objects.exists():
+                self.stdout.write(
+                    "A user already exists; no operator was created (the groups are ready)."
+                )
+                return
             user = User.objects.create_user(username=username, password=password, is_staff=True)
             user.groups.add(groups["operators"])
             user.user_permissions.add(*admin_permissions())

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib
 import logging
 import os
 import signal
@@ -58,7 +59,21 @@ from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
 
 MAX_AUTO_PROCESSES = 4
 PR_SET_PDEATHSIG = 1  # prctl(2)
-MANAGE = Path(__file__).resolve().parents[3] / "manage.py"
+
+
+def child_command() -> tuple[list[str], dict[str, str]]:
+    """How to start this command again in a child process, wherever the package is installed
+    (no ``manage.py`` is looked for): ``python -m django`` with this process's settings
+    module, and an environment whose PYTHONPATH starts with the folder that module's package
+    was imported from, so the child finds the project whatever its working directory."""
+    from django.conf import settings
+
+    module = settings.SETTINGS_MODULE
+    package = importlib.import_module(module.partition(".")[0])
+    folder = str(Path(next(iter(package.__path__))).parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH", "")) if p)
+    return [sys.executable, "-m", "django", "runtime_serve", "--settings", module], env
 
 
 def auto_processes() -> int:
@@ -305,9 +320,9 @@ class Children:
             threading.Thread(target=self._keep, name="server-children", daemon=True).start()
 
     def _start(self) -> subprocess.Popen[bytes]:
-        command = [sys.executable, str(MANAGE), "runtime_serve", "--fd", str(self.fd)]
-        command += ["--parent", str(os.getpid())]
-        return subprocess.Popen(command, pass_fds=(self.fd,), stdin=subprocess.DEVNULL)
+        command, env = child_command()
+        command += ["--fd", str(self.fd), "--parent", str(os.getpid())]
+        return subprocess.Popen(command, pass_fds=(self.fd,), stdin=subprocess.DEVNULL, env=env)
 
     def _keep(self) -> None:
         while not self.stopped.wait(self.RESTART_SECONDS):

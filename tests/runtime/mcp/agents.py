@@ -47,23 +47,21 @@ def mcp_stdio() -> Agent:
     return Agent(
         name="mcp_stdio",
         instructions="Use the effects tools.",
-        mcp_servers=(stdio_server(),),
+        sources=(stdio_server(),),
         permissions={"effects__delete": Permission.ALLOW},
     )
 
 
 def mcp_gated() -> Agent:
     """The effects tools as their annotations say: delete and mixed ask an operator first."""
-    return Agent(
-        name="mcp_gated", instructions="Use the effects tools.", mcp_servers=(stdio_server(),)
-    )
+    return Agent(name="mcp_gated", instructions="Use the effects tools.", sources=(stdio_server(),))
 
 
 def mcp_http() -> Agent:
     return Agent(
         name="mcp_http",
         instructions="Use the effects tools.",
-        mcp_servers=(
+        sources=(
             HttpServer(
                 name="effects",
                 url=os.environ.get("MCP_EFFECTS_URL", "http://127.0.0.1:9/mcp"),

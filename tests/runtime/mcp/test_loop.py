@@ -84,7 +84,7 @@ def test_tools_are_offered_pinned_and_called_with_the_operation_id(start, work_i
 
 def test_the_agent_offers_its_own_and_the_servers_tools(start, work_inline, effects):
     """A request carries the agent's tools and every listed MCP tool with its schema."""
-    from runtime.mcp.tools import attached
+    from runtime.sources import attached
 
     async def offered_tools() -> None:
         async with attached(registry()["mcp_gated"]) as agent:
@@ -128,7 +128,7 @@ def test_a_gated_tool_asks_and_runs_once_after_approval(start, work_inline, effe
 BROKEN = Agent(
     name="mcp_broken",
     instructions="",
-    mcp_servers=(StdioServer(name="gone", command="/nonexistent/mcp-server", connect_timeout=1),),
+    sources=(StdioServer(name="gone", command="/nonexistent/mcp-server", connect_timeout=1),),
 )
 
 

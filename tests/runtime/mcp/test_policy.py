@@ -234,6 +234,6 @@ def test_the_assistant_takes_its_servers_from_the_settings(settings):
     from runtime.demo.agent import assistant
 
     settings.RUNTIME_MCP_SERVERS = [{"name": "files", "command": "mcp-files"}]
-    assert assistant().mcp_servers == (StdioServer(name="files", command="mcp-files"),)
+    assert assistant().sources == (StdioServer(name="files", command="mcp-files"),)
     settings.RUNTIME_MCP_SERVERS = []
-    assert assistant().mcp_servers == ()
+    assert assistant().sources == ()
