@@ -31,7 +31,7 @@ def paths(setting: str, group: str, defaults: Mapping[str, str]) -> dict[str, st
     Raises ImproperlyConfigured naming ``setting`` when it is not a mapping of names to
     dotted paths."""
     found = dict(defaults)
-    found.update({ep.name: ep.value for ep in entry_points(group=group)})
+    found.update(_entry_points(group))
     given = getattr(settings, setting, None) or {}
     if not isinstance(given, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) and v for k, v in given.items()
@@ -58,6 +58,14 @@ def load(setting: str, group: str, defaults: Mapping[str, str], kind: str) -> An
             f" {{{kind!r}: 'dotted.path.Class'}} or as an entry point of the group {group!r}"
         )
     return _import(setting, kind, known[kind])
+
+
+@cache
+def _entry_points(group: str) -> dict[str, str]:
+    """The entry points of ``group``, read once a process: reading them scans every installed
+    distribution's metadata (milliseconds), and a provider is looked up at every inference;
+    a package installed later is seen by the processes started after it."""
+    return {ep.name: ep.value for ep in entry_points(group=group)}
 
 
 @cache
