@@ -242,11 +242,18 @@ def postgres_database(url: str) -> Iterator[str | None]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="module")
+def venv_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Python of a virtualenv holding the wheel (one for this module's tests)."""
+    folder = tmp_path_factory.mktemp("foreign")
+    return make_venv(folder / "venv", build_wheel(folder / "dist"))
+
+
 @pytest.fixture
-def host(tmp_path: Path) -> Iterator[Host]:
+def host(tmp_path: Path, venv_python: Path) -> Iterator[Host]:
     """``django-admin startproject mysite`` with the runtime's wheel in its own virtualenv,
     and what a project has before it adds the runtime."""
-    python = make_venv(tmp_path / "venv", build_wheel(tmp_path / "dist"))
+    python = venv_python
     folder = tmp_path / "site"
     folder.mkdir()
     env = {
@@ -371,23 +378,24 @@ def approve_in_chromium(base: str, ticket_id: str) -> None:
             browser.close()
 
 
-def approve_by_api(base: str, token: str, run_id: str, ticket_id: str) -> None:
+def call_api(base: str, token: str, method: str, path: str, body: dict | None = None) -> dict:
+    """One request to the project's API (under its ``runtime/api/`` prefix); its JSON."""
     request = urllib.request.Request(
-        f"{base}/runtime/api/runs/{run_id}/resume",
-        data=json.dumps(
-            {"ticket_id": ticket_id, "kind": "approval", "decision": "approve"}
-        ).encode(),
+        f"{base}/runtime/api/{path}",
+        data=json.dumps(body).encode() if body is not None else None,
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-        method="POST",
+        method=method,
     )
     with urllib.request.urlopen(request, timeout=20) as response:
-        assert response.status == 200, response.status
+        assert response.status in (200, 201), response.status
+        return json.loads(response.read())
 
 
-def open_ticket(site: Host, run_id: str) -> str:
-    document = json.loads(site.manage("runtime_show", run_id, "--json"))
-    (ticket,) = [t for t in document["tickets"] if t.get("state", "open") == "open"]
-    return ticket["id"]
+def open_ticket(base: str, token: str, run_id: str) -> str:
+    """The id of the one open ticket of ``run_id`` (GET tickets)."""
+    tickets = call_api(base, token, "GET", "tickets?state=open")["items"]
+    (ticket,) = [t["id"] for t in tickets if t["run_id"] == run_id]
+    return ticket
 
 
 def test_the_wheel_installs_into_a_foreign_project_as_the_readme_says(host: Host):
@@ -415,26 +423,32 @@ def test_the_wheel_installs_into_a_foreign_project_as_the_readme_says(host: Host
     assert "HOST 404" in state["missing"]  # the host's 404 page stays the host's
     assert "Agent runtime" in state["login"] and "HOST" not in state["login"]
 
+    # One run started by the README's command, one through the API; the worker runs both
+    # up to their approval tickets and stops.
     browser_run = host.manage("runtime_start", "--agent", "notes", "--input", "buy milk").strip()
-    api_run = host.manage("runtime_start", "--agent", "notes", "--input", "call Bob").strip()
-    host.manage("runtime_worker", "--until-idle", timeout=60)
-    browser_ticket, api_ticket = open_ticket(host, browser_run), open_ticket(host, api_run)
-
+    token = host.manage("runtime_token", "alice").strip()
     server = Server(host)
     try:
-        approve_in_chromium(server.base, browser_ticket)
-        approve_by_api(
-            server.base, host.manage("runtime_token", "alice").strip(), api_run, api_ticket
+        api_run = call_api(
+            server.base, token, "POST", "runs", {"agent": "notes", "input": "call Bob"}
+        )["id"]
+        host.manage("runtime_worker", "--until-idle", timeout=60)
+        approve_in_chromium(server.base, open_ticket(server.base, token, browser_run))
+        approval = {"kind": "approval", "decision": "approve"}
+        ticket = open_ticket(server.base, token, api_run)
+        call_api(
+            server.base, token, "POST", f"runs/{api_run}/resume", {"ticket_id": ticket, **approval}
         )
+        host.manage("runtime_worker", "--until-idle", timeout=60)
+        for run_id, text in ((browser_run, "buy milk"), (api_run, "call Bob")):
+            document = call_api(server.base, token, "GET", f"runs/{run_id}")
+            assert (document["state"], document["end_cause"]) == ("ended", "natural"), document
+            dumped = json.dumps(document)
+            # the tool's result, in the committed tool message (JSON text in JSON)
+            assert f'\\"sent\\": \\"{text}\\"' in dumped or f'"sent": "{text}"' in dumped
+            assert "The note is sent." in dumped
     finally:
         server.stop()
-    host.manage("runtime_worker", "--until-idle", timeout=60)
-    for run_id, text in ((browser_run, "buy milk"), (api_run, "call Bob")):
-        document = json.loads(host.manage("runtime_show", run_id, "--json"))
-        assert (document["state"], document["end_cause"]) == ("ended", "natural"), document
-        dumped = json.dumps(document)
-        assert f'\\"sent\\": \\"{text}\\"' in dumped or f'"sent": "{text}"' in dumped, dumped
-        assert "The note is sent." in dumped
 
     assert json.loads(host.run("-c", CHECK_HOST))["changed"] == []
 
