@@ -212,7 +212,8 @@ print(json.dumps({"changed": changed, "groups": groups, "home": home, "missing":
 
 
 def postgres_database(url: str) -> Iterator[str | None]:
-    """A fresh PostgreSQL database on DATABASE_URL's server (dropped after), or None."""
+    """A fresh PostgreSQL database on DATABASE_URL's server (dropped after), as the Python
+    text of its DATABASES entry, or None."""
     if not url.startswith(("postgres://", "postgresql://")):
         yield None
         return
@@ -230,7 +231,7 @@ def postgres_database(url: str) -> Iterator[str | None]:
     with psycopg.connect(dbname="postgres", autocommit=True, **params) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield json.dumps(
+        yield repr(
             {
                 "ENGINE": "django.db.backends.postgresql",
                 "NAME": name,
