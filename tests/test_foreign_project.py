@@ -34,6 +34,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -222,7 +223,7 @@ def postgres_database(url: str) -> Iterator[str | None]:
 
     config = dj_database_url.parse(url)
     name = f"rt_host_{uuid.uuid4().hex[:12]}"
-    params = {
+    params: dict[str, Any] = {
         "host": config.get("HOST") or "127.0.0.1",
         "port": config.get("PORT") or 5432,
         "user": config.get("USER") or "postgres",
@@ -345,7 +346,8 @@ class Server:
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise AssertionError(f"runserver did not answer: {self.process.stderr.read()}")  # type: ignore[union-attr]
+                    log = self.process.stderr.read() if self.process.stderr else b""
+                    raise AssertionError(f"runserver did not answer: {log!r}") from None
                 time.sleep(0.1)
 
     def stop(self) -> None:

@@ -32,6 +32,7 @@ its current boundary, releases its leases and records the stop); a second signal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import importlib
 import logging
@@ -397,10 +398,8 @@ def where(base: str) -> str:
     """ "console: URL   API: URL" for the URL map served (reversed: "console: base/   API:
     base/api/v1/docs" in this repository's project); a part not mounted is left out."""
     parts = []
-    try:
+    with contextlib.suppress(NoReverseMatch):
         parts.append(f"console: {base}{reverse('console:runs')}")
-    except NoReverseMatch:
-        pass
     if docs := docs_url():
         parts.append(f"API: {base}{docs}")
     return "   ".join(parts) or f"serving {base}/"
