@@ -79,6 +79,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.layers import get_channel_layer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import reverse  # noqa: E402
 
 from console import health, oversized  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
@@ -89,9 +90,14 @@ get_channel_layer()  # made (and its backend imported) now, not by the first str
 oversized.install()
 
 
+# The console's liveness URL wherever the URL map mounts it (``/healthz`` here): reversed
+# once, at start-up, and answered on the event loop.
+HEALTHZ_PATH = reverse("console:healthz")
+
+
 async def http_application(scope: dict, receive: Any, send: Any) -> None:
-    """``/healthz`` on the event loop (console.health says why); the rest through Django."""
-    if scope["path"] == "/healthz":
+    """``HEALTHZ_PATH`` on the event loop (console.health says why); the rest through Django."""
+    if scope["path"] == HEALTHZ_PATH:
         await health.healthz(scope, receive, send)
     else:
         await django_asgi_app(scope, receive, send)

@@ -1,9 +1,11 @@
 """Probes for load balancers and the Prometheus scrape endpoint.
 
 - ``/healthz``: the process is up and its event loop turns (no I/O): 200 ``{"status": "ok"}``.
-  It is answered on the event loop, before Django (``console.asgi``): a liveness probe must
-  not wait behind request threads held by a database lock, or a long migration would get
-  every web process restarted.
+  It is a URL of the console (``console:healthz``, so that a host mounting the console
+  under a prefix has one too, and the console's script probes it when the server seems
+  gone); this repository's ``console.asgi`` answers that path on the event loop, before
+  Django: a liveness probe must not wait behind request threads held by a database lock, or
+  a long migration would get every web process restarted.
 - ``/readyz``: the database answers, every migration is applied, the channel layer
   answers and the console's static files have URLs (collected, with a manifest): 200
   ``{"status": "ready", "checks": {...}}``, else 503 with the failing check's reason
@@ -30,7 +32,7 @@ from django.contrib.staticfiles.storage import staticfiles_storage
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_safe
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from runtime import conf, metrics
@@ -50,6 +52,14 @@ async def healthz(scope: dict[str, Any], receive: Any, send: Any) -> None:
         headers = [(b"allow", b"GET, HEAD")]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body if scope["method"] != "HEAD" else b""})
+
+
+@never_cache
+@require_safe
+def healthz_view(request: HttpRequest) -> JsonResponse:
+    """``console:healthz`` through Django (a host's ASGI or WSGI server): the same answer as
+    ``healthz``, 200 ``{"status": "ok"}`` to GET and HEAD, 405 otherwise."""
+    return JsonResponse({"status": "ok"})
 
 
 def check_database() -> str:

@@ -336,9 +336,10 @@ else:
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-LOGIN_URL = "/login/"
-LOGIN_REDIRECT_URL = "/"
-LOGOUT_REDIRECT_URL = "/login/"
+# URL names, not paths: the console's pages are reversed wherever the URL map mounts them.
+LOGIN_URL = "console:login"
+LOGIN_REDIRECT_URL = "console:runs"
+LOGOUT_REDIRECT_URL = "console:login"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

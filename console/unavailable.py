@@ -18,6 +18,7 @@ from django.template.loader import render_to_string
 from django.views import defaults
 
 from console.api.errors import fault_response
+from console.api.mount import is_api_path
 from runtime import db
 from runtime.errors import DatabaseUnavailable
 
@@ -26,14 +27,14 @@ log = logging.getLogger("console")
 
 def page() -> HttpResponse:
     """The 503 page, with Retry-After; it reads nothing from the database."""
-    response = HttpResponse(render_to_string("503.html"), status=503)
+    response = HttpResponse(render_to_string("console/503.html"), status=503)
     response["Retry-After"] = str(DatabaseUnavailable.retry_after)
     return response
 
 
 def answer(request: HttpRequest) -> HttpResponse:
-    """The 503 for ``request``: the API's JSON error under ``/api/``, the page elsewhere."""
-    if request.path.startswith("/api/"):
+    """The 503 for ``request``: the API's JSON error under the API's prefix, the page elsewhere."""
+    if is_api_path(request.path):
         return fault_response(DatabaseUnavailable())
     return page()
 
@@ -56,7 +57,7 @@ class DatabaseUnavailableMiddleware:
 
 def server_error(request: HttpRequest) -> HttpResponse:
     """Django's 500 handler (``handler500``): the 503 answer when what failed was the
-    database (the API's JSON error under ``/api/``), Django's own 500 page otherwise."""
+    database (the API's JSON error under the API's prefix), Django's own 500 page otherwise."""
     if not db.unavailable(sys.exception() or Exception()):
         return defaults.server_error(request)
     return answer(request)

@@ -25,6 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from console.api.mount import docs_url, is_api_path
 from console.api.schemas import CommittedOut, ErrorOut
 from runtime import db
 from runtime.errors import CommittedUnread, DatabaseUnavailable, RuntimeFault
@@ -167,7 +168,7 @@ def bad_request_view(request: HttpRequest, exception: Exception) -> HttpResponse
     """Django's 400 handler (``handler400``): what Django refuses before any view runs (a
     Host header it does not serve, say) has the API's error shape under the API's prefix,
     and Django's own page elsewhere. The reason is not echoed: it may name settings."""
-    if request.path.startswith("/api/"):
+    if is_api_path(request.path):
         return error_response(400, "bad_request", "the request is malformed")
     return defaults.bad_request(request, exception)
 
@@ -176,7 +177,7 @@ def bad_request_view(request: HttpRequest, exception: Exception) -> HttpResponse
 def not_found_view(request: HttpRequest, path: str = "") -> JsonResponse:
     """Answer any path under the API prefix that no operation serves, whatever the method."""
     return error_response(
-        404, "not_found", f"no API operation at {request.path}", {"docs": "/api/v1/docs"}
+        404, "not_found", f"no API operation at {request.path}", {"docs": docs_url()}
     )
 
 

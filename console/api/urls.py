@@ -1,4 +1,8 @@
-"""URLs under ``/api/v1/``: the API's operations, then a JSON 404 for any other path."""
+"""URLs of the API (``/api/v1/`` in this repository's project, wherever a host includes
+them): the API's operations under the ``api_v1`` namespace, then a JSON 404 for any other
+path. The API is part of the console app (its tokens and permissions are console models):
+``console`` must be in INSTALLED_APPS for it, even when a host mounts only these URLs.
+"""
 
 from __future__ import annotations
 

@@ -15,9 +15,16 @@ from urllib.parse import quote
 from django import template
 from django.utils.html import format_html
 
+from console.routing import ws_path
 from runtime import conf
 
 register = template.Library()
+
+
+@register.simple_tag
+def ws_url(name: str, *args: Any) -> str:
+    """The path of the console's WebSocket route ``name`` (console.routing.ws_path)."""
+    return ws_path(name, *args)
 
 
 @register.filter

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.shortcuts import resolve_url
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
@@ -56,7 +57,9 @@ def needs(permission: str, *, write: bool = False) -> Callable[[View], View]:
                 if request.htmx:
                     back = request.htmx.current_url_abs_path or "/"
                     response = HttpResponse(status=401)
-                    response["HX-Redirect"] = f"{settings.LOGIN_URL}?{urlencode({'next': back})}"
+                    response["HX-Redirect"] = (
+                        f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': back})}"
+                    )
                     return response
                 return redirect_to_login(request.get_full_path())
             if not request.user.has_perm(permission):

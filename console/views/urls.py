@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path, register_converter
 
+from console import health
 from console.views import audit, reconcile, runs, tabs, tickets, tokens, webhooks, workers
 from runtime.untrusted import ID_PATTERN
 
@@ -26,8 +27,15 @@ class IdConverter:
 register_converter(IdConverter, "id")
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(
+            template_name="console/login.html", redirect_authenticated_user=True
+        ),
+        name="login",
+    ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("healthz", health.healthz_view, name="healthz"),
     path("", runs.runs, name="runs"),
     path("runs/new/", runs.start_run, name="start"),
     path("runs/cancel/", runs.bulk_cancel, name="bulk_cancel"),

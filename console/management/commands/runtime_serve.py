@@ -32,6 +32,7 @@ its current boundary, releases its leases and records the stop); a second signal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import importlib
 import logging
@@ -50,7 +51,9 @@ from daphne.server import Server
 from django.conf import settings
 from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.urls import NoReverseMatch, reverse
 
+from console.api.mount import docs_url
 from console.consumers import max_message_bytes
 from console.health import check_migrations
 from runtime.db import open_pool
@@ -182,10 +185,7 @@ class Command(RuntimeCommand):
         # The port bound (--port 0 picks one), and an IPv6 host in brackets, as URLs want it.
         address = f"[{host}]" if ":" in host else host
         base = f"http://{address}:{sock.getsockname()[1]}"
-        self.stdout.write(
-            f"console: {base}/   API: {base}/api/v1/docs"
-            f"   ({count} server process{'es' if count > 1 else ''})"
-        )
+        self.stdout.write(f"{where(base)}   ({count} server process{'es' if count > 1 else ''})")
         children = None
         try:
             children = Children(sock, count - 1, self.stderr)
@@ -392,3 +392,14 @@ def name_address_families() -> None:
 
     parse_named.names_families = True  # type: ignore[attr-defined]
     _FDParser._parseServer = parse_named  # type: ignore[method-assign]  # the fix above
+
+
+def where(base: str) -> str:
+    """ "console: URL   API: URL" for the URL map served (reversed: "console: base/   API:
+    base/api/v1/docs" in this repository's project); a part not mounted is left out."""
+    parts = []
+    with contextlib.suppress(NoReverseMatch):
+        parts.append(f"console: {base}{reverse('console:runs')}")
+    if docs := docs_url():
+        parts.append(f"API: {base}{docs}")
+    return "   ".join(parts) or f"serving {base}/"

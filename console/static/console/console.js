@@ -159,7 +159,7 @@
     probing = setInterval(probe, PROBE_MS);
   }
   function probe() {
-    fetch("/healthz", { cache: "no-store", credentials: "same-origin" }).then(function () {
+    fetch(document.body.dataset.probeUrl, { cache: "no-store", credentials: "same-origin" }).then(function () {
       if (reachable) return;
       reachable = true;
       clearInterval(probing);
@@ -351,7 +351,7 @@
   function startLists() {
     var fire = function () { htmx.trigger(document.body, "rt:commit"); };
     var list = document.querySelector("#listing, #tickets, #calls");
-    socket("/ws/runs/", {
+    socket(document.body.dataset.wsRunsUrl, {
       onOpen: function () { if (list) status("live", "Live: connected."); },
       onDown: function () {
         if (list) status("down", "Disconnected: reconnecting; the list is polled meanwhile.");
