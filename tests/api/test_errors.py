@@ -92,10 +92,19 @@ def test_the_openapi_schema_is_served_without_a_token():
         ("POST", "/api/v1/runs/{run_id}/resume"),
         ("POST", "/api/v1/runs/{run_id}/cancel"),
         ("POST", "/api/v1/runs/{run_id}/fork"),
+        ("POST", "/api/v1/runs/{run_id}/pause"),
         ("GET", "/api/v1/runs/{run_id}/events"),
         ("GET", "/api/v1/tickets"),
         ("GET", "/api/v1/tool-calls"),
         ("POST", "/api/v1/tool-calls/{call_id}/reconciliation"),
+        ("GET", "/api/v1/limits"),
+        ("GET", "/api/v1/webhooks"),
+        ("POST", "/api/v1/webhooks"),
+        ("GET", "/api/v1/webhooks/{endpoint_id}"),
+        ("PATCH", "/api/v1/webhooks/{endpoint_id}"),
+        ("DELETE", "/api/v1/webhooks/{endpoint_id}"),
+        ("GET", "/api/v1/webhooks/{endpoint_id}/deliveries"),
+        ("POST", "/api/v1/webhooks/{endpoint_id}/test"),
     }
     assert schema["components"]["securitySchemes"] == {
         "TokenAuth": {"type": "http", "scheme": "bearer"}
