@@ -114,7 +114,8 @@ def test_the_openapi_schema_is_served_without_a_token():
     for path, item in schema["paths"].items():
         for method, operation in item.items():
             responses = operation["responses"]
-            for status in ("401", "403", "422"):
+            takes_input = operation.get("parameters") or operation.get("requestBody")
+            for status in ("401", "403", "422") if takes_input else ("401", "403"):
                 assert status in responses, (method, path, status)
                 content = responses[status]["content"]["application/json"]["schema"]
                 assert content["$ref"].endswith("/ErrorOut")
