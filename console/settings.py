@@ -247,6 +247,8 @@ INSTALLED_APPS = [
     "ninja",
     "channels",
     "runtime",
+    # The demo agent, its ledger and demo_ledger: this project's, not the engine's.
+    "runtime.demo",
     "console",
 ]
 
