@@ -44,7 +44,7 @@ execute_from_command_line(["django-admin", *sys.argv[1:]])
 
 HOST_SETTINGS = """
 SECRET_KEY = "a-host-project-of-its-own-" + "k" * 30
-INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", *APPS]
+INSTALLED_APPS = APPS
 DATABASES = {"default": DATABASE}
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -122,7 +122,7 @@ class Project:
 
 
 class Host:
-    """A host project of its own on ``database``: contenttypes, auth and ``apps`` installed,
+    """A host project of its own on ``database``: only ``apps`` installed,
     ``settings`` added (``urls``: the text of its ROOT_URLCONF module), NOT_INSTALLED
     unimportable."""
 

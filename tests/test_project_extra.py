@@ -32,6 +32,7 @@ CONSOLE_SETTINGS = {
         "django.middleware.csrf.CsrfViewMiddleware",
         "django.contrib.auth.middleware.AuthenticationMiddleware",
         "django.contrib.messages.middleware.MessageMiddleware",
+        "django_htmx.middleware.HtmxMiddleware",
     ],
     "TEMPLATES": [
         {
@@ -70,9 +71,12 @@ def test_a_host_runs_the_apps_without_either(tmp_path, fresh_database):
     host = Host(
         tmp_path,
         fresh_database,
+        "django.contrib.contenttypes",
+        "django.contrib.auth",
         "django.contrib.sessions",
         "django.contrib.messages",
         "django.contrib.staticfiles",
+        "django_htmx",
         "runtime",
         "runtime.demo",
         "console",
