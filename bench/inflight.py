@@ -441,7 +441,8 @@ def empty_ours() -> None:
     """Empty our tables (runs, threads and everything under them, the ledger)."""
     from django.db import connection
 
-    from runtime.models import LateEvidence, LedgerEffect, StreamCheckpoint, Thread
+    from runtime.demo.models import LedgerEffect
+    from runtime.models import LateEvidence, StreamCheckpoint, Thread
 
     tables = [m._meta.db_table for m in (Thread, LedgerEffect, StreamCheckpoint, LateEvidence)]
     with connection.cursor() as cursor:
@@ -462,7 +463,8 @@ def ours_outcome(run_ids: list[str], calls: int) -> tuple[str, float]:
     wrong; the time.time() of the runs' last commit)."""
     from django.db.models import Count, Max
 
-    from runtime.models import LedgerEffect, Run, ThreadCommit
+    from runtime.demo.models import LedgerEffect
+    from runtime.models import Run, ThreadCommit
 
     causes = dict(
         Run.objects.filter(id__in=run_ids)

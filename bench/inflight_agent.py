@@ -17,8 +17,8 @@ from django.utils import timezone
 from pydantic import Field
 
 from runtime.agents import Agent, ProviderConfig
+from runtime.demo.models import LedgerEffect
 from runtime.domain.model import RecoveryPolicy
-from runtime.models import LedgerEffect
 from runtime.tools import Fenced, ToolContext, tool
 
 NAME = "inflight"

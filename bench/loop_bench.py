@@ -88,7 +88,8 @@ def scratch_database(name: str = SCRATCH_PG) -> str:
 
 
 def reset() -> None:
-    from runtime.models import LateEvidence, LedgerEffect, StreamCheckpoint, Thread
+    from runtime.demo.models import LedgerEffect
+    from runtime.models import LateEvidence, StreamCheckpoint, Thread
 
     LateEvidence.objects.all().delete()
     StreamCheckpoint.objects.all().delete()
@@ -133,7 +134,8 @@ def check_outcome(run_ids: list[str]) -> None:
     """Every run ended naturally with each of its three effects applied exactly once."""
     from django.db.models import Count
 
-    from runtime.models import LedgerEffect, Run
+    from runtime.demo.models import LedgerEffect
+    from runtime.models import Run
 
     ended = Run.objects.filter(id__in=run_ids, state="ended", end_cause="natural").count()
     applied = (

@@ -127,7 +127,8 @@ def outcome() -> dict[str, int]:
     beyond it (any other tool: must be 0)."""
     from django.db.models import Count
 
-    from runtime.models import LedgerEffect, Run
+    from runtime.demo.models import LedgerEffect
+    from runtime.models import Run
 
     rows = Run.objects.values("state", "end_cause").annotate(n=Count("id"))
     result = {f"{r['state']}/{r['end_cause'] or '-'}": r["n"] for r in rows}

@@ -2,8 +2,13 @@ from django.apps import AppConfig
 
 
 class ConsoleConfig(AppConfig):
+    # The one "console" in INSTALLED_APPS picks (this module holds DaphneConfig too).
+    default = True
     name = "console"
     verbose_name = "Operator console"
+
+    def ready(self) -> None:
+        from console import checks  # noqa: F401  (registers what a host needs: console.E001-3)
 
 
 class DaphneConfig(AppConfig):

@@ -15,8 +15,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+# This project's settings use two packages no app needs: a host project with its own DATABASES
+# and static serving installs neither. They come with the "project" extra (scripts/start).
+PROJECT_EXTRA = "pip install 'durable-agent-runtime[project]' (scripts/start installs it)"
+try:
+    import dj_database_url
+    import whitenoise  # noqa: F401  (its middleware and storage are named below)
+except ImportError as exc:
+    raise ImproperlyConfigured(
+        f"this project's settings (console/settings.py) need {exc.name}: {PROJECT_EXTRA}"
+    ) from exc
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RUNTIME_VAR_DIR", BASE_DIR / "var"))
@@ -247,6 +257,8 @@ INSTALLED_APPS = [
     "ninja",
     "channels",
     "runtime",
+    # The demo agent, its ledger and demo_ledger: this project's, not the engine's.
+    "runtime.demo",
     "console",
 ]
 

@@ -302,17 +302,6 @@ class StreamCheckpoint(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
 
-class LedgerEffect(models.Model):
-    """The demo agent's effect ledger: one row per operation id, with how often it applied."""
-
-    operation_id = models.CharField(max_length=100, unique=True)
-    key = models.CharField(max_length=200)
-    tool = models.CharField(max_length=100)
-    run_id = models.CharField(max_length=32)
-    applied = models.PositiveIntegerField(default=1)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-
 class WorkerProcess(models.Model):
     """A worker process as it registered itself: operational, never thread truth.
 

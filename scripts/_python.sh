@@ -9,12 +9,13 @@
 #    that are not active, and fail when run).
 # 2. Keeps a virtualenv at .venv, recreating it when its Python is missing, broken or < 3.12
 #    (or differs from an explicitly set $PYTHON).
-# 3. Runs `pip install -e ".[all]"` (scripts/start: the product with every optional extra this
-#    repository's project uses: openai, anthropic, mcp, otel, redis) or `pip install -e
-#    ".[test]"` (with RT_EXTRAS=test, as scripts/test sets it; the test set includes
-#    [all]) only when pyproject.toml changed since the
-#    last successful install of that set (its sha256 is kept per set: .venv/.pyproject.sha256
-#    for the product, .venv/.pyproject.test.sha256 for the test tools). Shows each package as
+# 3. Runs `pip install -e ".[all,project]"` (scripts/start: the product with every optional
+#    extra of the runtime, openai, anthropic, mcp, otel, redis, and what this repository's
+#    project settings use, whitenoise and dj-database-url) or `pip install -e ".[test]"` (with
+#    RT_EXTRAS=test, as scripts/test sets it; the test set includes [all,project]) only when
+#    pyproject.toml changed since the last successful install of that set (its sha256 is kept
+#    per set: .venv/.pyproject.sha256 for the product, .venv/.pyproject.test.sha256 for the
+#    test tools). Shows each package as
 #    pip collects it; on failure the tail of .venv/pip-install.log is shown.
 # 4. Puts .venv/bin first on PATH, so `python` below means the project's interpreter.
 #
@@ -163,7 +164,7 @@ _rt_progress() {
 }
 
 _rt_install() {
-    local hash="$1" log="$_rt_venv/pip-install.log" spec=".[all]" what="the project" status
+    local hash="$1" log="$_rt_venv/pip-install.log" spec=".[all,project]" what="the project" status
     if [[ -n "$_rt_extras" ]]; then
         spec=".[$_rt_extras]"
         what="the project and its $_rt_extras tools"

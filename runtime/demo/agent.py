@@ -15,9 +15,9 @@ from pydantic_core import PydanticCustomError
 
 from runtime import conf
 from runtime.agents import Agent, ProviderConfig
+from runtime.demo.models import LedgerEffect
 from runtime.domain.model import Effects, Permission, RecoveryPolicy
 from runtime.mcp.config import parse_servers
-from runtime.models import LedgerEffect
 from runtime.tools import Fenced, InputWait, Tool, ToolContext, delegate, tool
 
 Key = Annotated[str, Field(min_length=1, max_length=200, description="what to record")]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.models import LedgerEffect, ThreadCommit
+from runtime.demo.models import LedgerEffect
+from runtime.models import ThreadCommit
 from tests.api.conftest import drive, error_of
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the tools run on their own thread

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.models import LedgerEffect
+from runtime.demo.models import LedgerEffect
 from tests.api.conftest import SCENARIO
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -9,7 +9,8 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from runtime.models import LedgerEffect, Run, ToolCallRecord
+from runtime.demo.models import LedgerEffect
+from runtime.models import Run, ToolCallRecord
 from tests.browser.conftest import RESULTS, off_loop
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

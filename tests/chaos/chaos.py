@@ -279,8 +279,9 @@ class Chaos:
             time.sleep(0.3)
 
     def count(self) -> None:
+        from runtime.demo.models import LedgerEffect
         from runtime.fsck import check
-        from runtime.models import LedgerEffect, Run, ThreadCommit, Ticket
+        from runtime.models import Run, ThreadCommit, Ticket
 
         report, details = self.report, self.report.details
         report.runs = len(self.started)

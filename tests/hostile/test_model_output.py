@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from runtime.demo.models import LedgerEffect
 from runtime.documents import run_document
-from runtime.models import LedgerEffect
 from runtime.providers.base import InferenceResult, ToolCallOut
 from tests.hostile.corpus import ARGUMENT_TEXTS, TEXT
 from tests.hostile.test_surfaces import assert_inert

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from runtime.demo.models import LedgerEffect
 from runtime.models import (
     CommandRecord,
-    LedgerEffect,
     MessageRecord,
     ReconciliationRecord,
     Run,

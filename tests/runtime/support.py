@@ -20,11 +20,12 @@ from django.db import connection, transaction
 from runtime import codec, fsck
 from runtime.agents import get_agent
 from runtime.coordinator import Lease, read_run
+from runtime.demo.models import LedgerEffect
 from runtime.domain.commit import CommitDraft, apply_commit
 from runtime.domain.events import BatchOpened, CallExecuting, ReconciliationRecorded
 from runtime.domain.model import CallPhase, ThreadHead
 from runtime.loop import Frontier, RunDriver, Services, ThreadPool
-from runtime.models import LedgerEffect, MessageRecord, Run, ThreadCommit, ToolCallRecord
+from runtime.models import MessageRecord, Run, ThreadCommit, ToolCallRecord
 
 # What a tool's recovery policy is called in the issue, and the demo tool that carries it.
 POLICY_TOOLS = {

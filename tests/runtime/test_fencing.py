@@ -18,8 +18,9 @@ from django.utils import timezone
 
 from runtime import operations
 from runtime.db import db_now
+from runtime.demo.models import LedgerEffect
 from runtime.documents import run_document
-from runtime.models import LateEvidence, LedgerEffect, MessageRecord, Run
+from runtime.models import LateEvidence, MessageRecord, Run
 from runtime.worker import claim
 from tests.runtime.support import (
     applied,

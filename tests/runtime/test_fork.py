@@ -11,11 +11,12 @@ import pytest
 from django.core.management import call_command
 
 from runtime import fsck, operations
+from runtime.demo.models import LedgerEffect
 from runtime.domain.events import CallIndeterminate
 from runtime.domain.model import Disposition
 from runtime.errors import ForkRefused, NotFound
 from runtime.inventory import unreconciled_calls
-from runtime.models import LedgerEffect, MessageRecord, Run, ThreadCommit
+from runtime.models import MessageRecord, Run, ThreadCommit
 from tests.console.support import RunDriver
 from tests.runtime.support import assert_log_sound, calls, text_step, tool_step
 

@@ -14,7 +14,8 @@ import psycopg
 import pytest
 from django.db import connection
 
-from runtime.models import LedgerEffect, Run
+from runtime.demo.models import LedgerEffect
+from runtime.models import Run
 from runtime.tools import ToolContext, tool
 from tests.model_server import model_server
 from tests.runtime.inflight_agent import AGENTS

@@ -8,9 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from runtime.demo.models import LedgerEffect
 from runtime.errors import LeaseLost
 from runtime.loop import drive_inline
-from runtime.models import LedgerEffect, MessageRecord, Run
+from runtime.models import MessageRecord, Run
 from runtime.worker import claim
 from tests.runtime.support import (
     applied,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from runtime.demo.models import LedgerEffect
 from runtime.management.base import RuntimeCommand
-from runtime.models import LedgerEffect
 
 
 class Command(RuntimeCommand):
