@@ -26,6 +26,8 @@ ALL = ["ticket.opened", "run.ended", "call.indeterminate", "run.paused"]
 def local_receivers(settings):
     """The receivers here are on 127.0.0.1: internal, so allowed by name (README "Webhooks")."""
     settings.RUNTIME_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+
+
 TIMEOUT = 2.0  # RUNTIME_WEBHOOK_TIMEOUT_SECONDS of these workers
 HOOK_ENV = {
     "RUNTIME_WEBHOOK_TIMEOUT_SECONDS": str(TIMEOUT),
