@@ -70,7 +70,8 @@ def heartbeat_within_lease(app_configs: Any = None, **kwargs: Any) -> list[check
 def choices_and_shapes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """runtime.E004: RUNTIME_METRICS is one of its choices; RUNTIME_PROVIDERS and
     RUNTIME_TOOL_SOURCES map kinds to dotted paths; RUNTIME_MCP_SERVERS,
-    RUNTIME_RUN_LIMITS and RUNTIME_MODEL_LIMITS parse (README "Limits")."""
+    RUNTIME_RUN_LIMITS and RUNTIME_MODEL_LIMITS parse (README "Limits");
+    RUNTIME_WEBHOOK_ALLOW_HOSTS holds host names and CIDRs (README "Webhooks")."""
     from runtime import plugins, providers, sources
 
     errors: list[checks.CheckMessage] = []
@@ -97,6 +98,7 @@ def choices_and_shapes(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
     for name, read in (
         ("RUNTIME_RUN_LIMITS", conf.run_limits),
         ("RUNTIME_MODEL_LIMITS", conf.model_limits),
+        ("RUNTIME_WEBHOOK_ALLOW_HOSTS", _webhook_allow_list),
     ):
         try:
             read()
@@ -174,3 +176,12 @@ def request_threads_within_pool(
             id="runtime.W002",
         )
     ]
+
+
+def _webhook_allow_list() -> Any:
+    from runtime.domain.webhooks import AllowList
+
+    try:
+        return AllowList.parse(conf.webhook_allow_hosts())
+    except TypeError as exc:  # not a list
+        raise ValueError(str(exc)) from None

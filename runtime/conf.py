@@ -73,6 +73,14 @@ NUMBERS = {
         Number("RUNTIME_WEBHOOK_BACKOFF_MAX_SECONDS", 3600, 0, 7 * DAY),
         Number("RUNTIME_WEBHOOK_MAX_ATTEMPTS", 15, 1, 100, integer=True),
         Number("RUNTIME_WEBHOOK_CONCURRENCY", 10, 1, 1000, integer=True),
+        Number(
+            "RUNTIME_WEBHOOK_ENDPOINT_CONCURRENCY",
+            2,
+            1,
+            1000,
+            integer=True,
+            doc="deliveries to one endpoint one worker has in flight at once",
+        ),
     )
 }
 
@@ -365,3 +373,18 @@ def webhook_concurrency() -> int:
     """Deliveries one worker process has in flight at once (RUNTIME_WEBHOOK_CONCURRENCY,
     default 10)."""
     return int(number("RUNTIME_WEBHOOK_CONCURRENCY"))
+
+
+def webhook_endpoint_concurrency() -> int:
+    """Deliveries to one endpoint one worker process has in flight at once
+    (RUNTIME_WEBHOOK_ENDPOINT_CONCURRENCY, default 2): an endpoint that hangs holds at most
+    this many of the worker's RUNTIME_WEBHOOK_CONCURRENCY, the rest go to other endpoints."""
+    return int(number("RUNTIME_WEBHOOK_ENDPOINT_CONCURRENCY"))
+
+
+def webhook_allow_hosts() -> list[str]:
+    """Host names and IP addresses or CIDRs webhooks may reach although they are internal
+    (RUNTIME_WEBHOOK_ALLOW_HOSTS, default none: loopback, private, link-local, CGNAT,
+    multicast and reserved addresses are refused; ``runtime.domain.webhooks.internal``)."""
+    value = _get("RUNTIME_WEBHOOK_ALLOW_HOSTS", [])
+    return [value] if isinstance(value, str) else list(value)

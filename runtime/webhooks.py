@@ -27,13 +27,17 @@ import contextlib
 import json
 import logging
 import random
+import socket
 import time
+import unicodedata
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from ipaddress import ip_address
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from django.db.models import Exists, F, Min, OuterRef, Q
@@ -42,7 +46,15 @@ from standardwebhooks.webhooks import Webhook
 
 from runtime import conf, db, metrics
 from runtime.db import db_later, db_now
-from runtime.domain.webhooks import SUBSCRIBABLE, GiveUp, WebhookEvent, next_attempt
+from runtime.domain.webhooks import (
+    SUBSCRIBABLE,
+    AllowList,
+    GiveUp,
+    WebhookEvent,
+    host_problem,
+    literal_address,
+    next_attempt,
+)
 from runtime.errors import NotFound, WebhookRefused
 from runtime.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, new_webhook_secret
 
@@ -50,6 +62,8 @@ log = logging.getLogger("runtime.webhooks")
 
 USER_AGENT = "durable-agent-runtime-webhooks/1"
 ERROR_CHARS = 500  # of a failed response's body or an exception, kept in the log
+ERROR_BYTES = 2048  # read of a failed response's body at most (a 2xx body is not read)
+MAX_URL = 2000
 
 
 # -- endpoints: the one place the console, the API and the CLI manage them -----------------------
@@ -67,11 +81,45 @@ def _events(events: Iterable[str]) -> list[str]:
     return chosen
 
 
+def allow_list() -> AllowList:
+    """RUNTIME_WEBHOOK_ALLOW_HOSTS, parsed (the system check runtime.E004 vets it)."""
+    return AllowList.parse(conf.webhook_allow_hosts())
+
+
+def url_problem(url: str, allow: AllowList | None = None) -> str | None:
+    """Why webhooks may not be sent to ``url``, or None: the one check of every surface (the
+    API, the console, ``runtime_webhook``) and of every attempt. An http(s) URL httpx parses,
+    with a host, without credentials, whitespace or control characters (a CR/LF would make
+    every attempt fail), at most 2000 characters, whose host is not internal by its name
+    (``domain.webhooks.host_problem``; the addresses a name resolves to are checked when
+    sending)."""
+    if len(url) > MAX_URL:
+        return f"the URL is longer than {MAX_URL} characters"
+    if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in url):
+        return "the URL holds whitespace or control characters"
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        return f"the URL does not parse: {exc}"
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return "the URL must be an http or https URL with a host"
+    if parsed.userinfo:
+        return "the URL must not hold credentials (user:password@): verify the signature instead"
+    return host_problem(parsed.host, allow or allow_list())
+
+
 def _url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > 2000:
-        raise WebhookRefused("the URL must be an http or https URL with a host", url=url[:200])
+    if problem := url_problem(url):
+        raise WebhookRefused(problem, url=shown_url(url)[:200])
     return url
+
+
+def shown_url(url: str) -> str:
+    """``url`` without credentials (a ``user:password@`` saved before they were refused)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
 
 
 def _secret(secret: str) -> str:
@@ -88,8 +136,8 @@ def create_endpoint(
     *, url: str, events: Iterable[str], name: str = "", secret: str = "", actor: str = ""
 ) -> WebhookEndpoint:
     """Create an enabled endpoint; return it (its ``secret`` is generated unless given).
-    Raises WebhookRefused for a URL that is not http(s), an unknown or empty event list, or a
-    secret that is not ``whsec_`` base64 of at least 24 bytes."""
+    Raises WebhookRefused for a URL ``url_problem`` refuses, an unknown or empty event list,
+    or a secret that is not ``whsec_`` base64 of at least 24 bytes."""
     return WebhookEndpoint.objects.create(
         url=_url(url),
         events=_events(events),
@@ -190,17 +238,18 @@ def _claimable(now: Any) -> Any:
     )
 
 
-def claim_due(worker_id: str, limit: int) -> list[Due]:
+def claim_due(worker_id: str, limit: int, busy: Mapping[str, int] | None = None) -> list[Due]:
     """Lease up to ``limit`` due deliveries, oldest due first, for ``conf.webhook_lease()``;
     return them (each attempt counted at its claim: a request may have left before a crash).
-    Rows other workers are claiming are skipped (SKIP LOCKED on PostgreSQL)."""
+    Rows other workers are claiming are skipped (SKIP LOCKED on PostgreSQL).
+
+    At most RUNTIME_WEBHOOK_ENDPOINT_CONCURRENCY per endpoint, counting the ``busy`` ones
+    (the caller's requests in flight by endpoint id): an endpoint that hangs cannot take every
+    slot of a worker from the others."""
     if limit <= 0 or not _claimable(db_now()).exists():  # the usual answer, one statement
         return []
     with db.atomic():
-        rows = _claimable(db_now()).order_by("next_attempt_at", "id")
-        if db.connection.vendor == "postgresql":
-            rows = rows.select_for_update(skip_locked=True, of=("self",))
-        ids = list(rows.values_list("id", flat=True)[:limit])
+        ids = _choose(limit, conf.webhook_endpoint_concurrency(), Counter(busy or {}))
         if not ids:
             return []
         WebhookDelivery.objects.filter(id__in=ids).update(
@@ -218,6 +267,33 @@ def claim_due(worker_id: str, limit: int) -> list[Due]:
             "attempts",
         )
         return [Due(*row) for row in taken]
+
+
+def _choose(limit: int, per_endpoint: int, counts: Counter[str]) -> list[int]:
+    """The ids to claim, oldest due first, skipping endpoints at ``per_endpoint``
+    (``counts`` in flight, updated). Each round either fills ``limit`` or fills an endpoint,
+    which the next round leaves out: at most ``limit`` rounds."""
+    chosen: list[int] = []
+    seen: set[int] = set()  # our own locks do not skip our own rows
+    while len(chosen) < limit:
+        full = [endpoint for endpoint, n in counts.items() if n >= per_endpoint]
+        rows = (
+            _claimable(db_now())
+            .exclude(endpoint_id__in=full)
+            .exclude(id__in=seen)
+            .order_by("next_attempt_at", "id")
+        )
+        if db.connection.vendor == "postgresql":
+            rows = rows.select_for_update(skip_locked=True, of=("self",))
+        batch = list(rows.values_list("id", "endpoint_id")[: limit - len(chosen)])
+        if not batch:
+            break
+        for row_id, endpoint_id in batch:
+            seen.add(row_id)
+            if counts[endpoint_id] < per_endpoint:
+                chosen.append(row_id)
+                counts[endpoint_id] += 1
+    return chosen
 
 
 def signed_request(due: Due, now: datetime | None = None) -> tuple[bytes, dict[str, str]]:
@@ -250,21 +326,81 @@ class Answer:
         return self.status is not None and 200 <= self.status < 300
 
 
+class Refused(Exception):
+    """The attempt's URL, or an address its host resolves to, is refused (``url_problem``,
+    ``domain.webhooks.internal``); nothing was sent."""
+
+
+async def target(url: str) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """Where one attempt connects: the URL, headers and httpx extensions to send with.
+
+    The host is resolved here (the event loop's getaddrinfo) and every address it resolves to
+    must be public or allowed (RUNTIME_WEBHOOK_ALLOW_HOSTS); the request then connects to the
+    first of them, with the ``Host`` header and, for https, the TLS server name (SNI and the
+    certificate check) of the URL's host: pinned to the checked address, so a name that
+    resolves again to an internal address (DNS rebinding) is not reached. A host allowed by
+    name, or an IP literal (checked by ``url_problem``), is connected to as it is.
+    Raises Refused, and OSError (socket.gaierror) when the name does not resolve."""
+    allow = allow_list()
+    if problem := url_problem(url, allow):
+        raise Refused(problem)
+    parsed = httpx.URL(url)
+    host = parsed.raw_host.decode("ascii")
+    if allow.names_host(parsed.host) or literal_address(host) is not None:
+        return url, {}, {}
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses = [ip_address(str(info[4][0]).partition("%")[0]) for info in infos]
+    refused = [a for a in addresses if not allow.permits(a)]
+    if refused or not addresses:
+        raise Refused(
+            f"{host} resolves to {refused[0] if refused else 'nothing'}, an internal address"
+            " (allow it in RUNTIME_WEBHOOK_ALLOW_HOSTS)"
+        )
+    pinned = parsed.copy_with(host=str(addresses[0]))
+    extensions = {"sni_hostname": host} if parsed.scheme == "https" else {}
+    return str(pinned), {"host": parsed.netloc.decode("ascii")}, extensions
+
+
+async def _post(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str]) -> Any:
+    """POST and return (status, error): no byte of a 2xx body is read, and at most about
+    ERROR_BYTES (one network read) of another body, undecoded (``accept-encoding:
+    identity``, raw bytes: no decompression bomb), decoded leniently as UTF-8."""
+    where, host, extensions = await target(url)
+    headers = {**headers, **host, "accept-encoding": "identity"}
+    limit = conf.webhook_timeout_seconds()
+    async with client.stream(
+        "POST", where, content=body, headers=headers, timeout=limit, extensions=extensions
+    ) as response:
+        if response.is_success:
+            return response.status_code, ""
+        read = bytearray()
+        async for chunk in response.aiter_raw():
+            read += chunk
+            if len(read) >= ERROR_BYTES:
+                break
+    text = bytes(read[:ERROR_BYTES]).decode("utf-8", "replace")
+    return response.status_code, text[:ERROR_CHARS]
+
+
 async def send(client: httpx.AsyncClient, due: Due) -> Answer:
-    """POST one signed attempt; never raises (a failure is an Answer with its error). The
-    whole request is bounded by RUNTIME_WEBHOOK_TIMEOUT_SECONDS; redirects are not followed."""
+    """POST one signed attempt; never raises (a failure is an Answer with its error, so every
+    attempt is recorded). The whole attempt (resolution, connection, request, the answer's
+    status and a failed answer's first bytes) is bounded by RUNTIME_WEBHOOK_TIMEOUT_SECONDS;
+    redirects are not followed. An unexpected exception is logged here, once, with its
+    traceback."""
     body, headers = signed_request(due)
     started, clock = timezone.now(), time.monotonic()
-    limit = conf.webhook_timeout_seconds()
     try:
-        response = await asyncio.wait_for(
-            client.post(due.url, content=body, headers=headers, timeout=limit), limit
+        status, error = await asyncio.wait_for(
+            _post(client, due.url, body, headers), conf.webhook_timeout_seconds()
         )
-    except (httpx.HTTPError, TimeoutError, OSError) as exc:
+    except Exception as exc:  # every attempt is recorded, whatever went wrong
+        if not isinstance(exc, httpx.HTTPError | TimeoutError | OSError | Refused):
+            log.warning("webhooks: attempt %s of %s raised", due.attempt, due.id, exc_info=True)
         error = f"{type(exc).__name__}: {exc}".strip()[:ERROR_CHARS]
         return Answer(None, error, started, time.monotonic() - clock)
-    error = "" if 200 <= response.status_code < 300 else response.text[:ERROR_CHARS]
-    return Answer(response.status_code, error, started, time.monotonic() - clock)
+    return Answer(status, error, started, time.monotonic() - clock)
 
 
 def record(due: Due, answer: Answer, *, worker_id: str) -> str:
@@ -318,8 +454,9 @@ def record(due: Due, answer: Answer, *, worker_id: str) -> str:
 
 class Deliverer:
     """A worker's delivery task: claims due deliveries while it has room for them (at most
-    RUNTIME_WEBHOOK_CONCURRENCY in flight), sends each as its own task, records the answer,
-    and looks again every RUNTIME_IDLE_POLL_SECONDS when there is nothing to send.
+    RUNTIME_WEBHOOK_CONCURRENCY in flight, RUNTIME_WEBHOOK_ENDPOINT_CONCURRENCY of them to
+    one endpoint), sends each as its own task, records the answer, and looks again every
+    RUNTIME_IDLE_POLL_SECONDS when there is nothing to send.
 
     ``db`` runs a blocking function on the worker's database threads. Cancelling ``serve``
     abandons the attempts in flight; their leases lapse and another worker sends them again.
@@ -328,7 +465,7 @@ class Deliverer:
     def __init__(self, worker_id: str, db: Callable[..., Awaitable[Any]]) -> None:
         self.worker_id = worker_id
         self.db = db
-        self.inflight: set[asyncio.Task[None]] = set()
+        self.inflight: dict[asyncio.Task[None], str] = {}  # task: its endpoint
         self.room = asyncio.Event()
 
     async def serve(self) -> None:
@@ -341,17 +478,21 @@ class Deliverer:
                     task.cancel()
                 await asyncio.gather(*self.inflight, return_exceptions=True)
 
+    def busy(self) -> Counter[str]:
+        """Requests in flight by endpoint id."""
+        return Counter(self.inflight.values())
+
     async def _pass(self, client: httpx.AsyncClient) -> None:
         free = conf.webhook_concurrency() - len(self.inflight)
         taken: list[Due] = []
         if free > 0:
             try:
-                taken = await self.db(claim_due, self.worker_id, free)
+                taken = await self.db(claim_due, self.worker_id, free, self.busy())
             except Exception:  # a database blip: the next pass tries again
                 log.warning("webhooks: claiming deliveries failed", exc_info=True)
         for due in taken:
             task = asyncio.ensure_future(self._deliver(client, due))
-            self.inflight.add(task)
+            self.inflight[task] = due.endpoint_id
             task.add_done_callback(self._done)
         if taken and len(taken) == free:
             return  # more may be due: claim again at once
@@ -360,8 +501,10 @@ class Deliverer:
             await asyncio.wait_for(self.room.wait(), conf.idle_poll_seconds())
 
     def _done(self, task: asyncio.Task[None]) -> None:
-        self.inflight.discard(task)
+        self.inflight.pop(task, None)
         self.room.set()
+        if not task.cancelled() and task.exception() is not None:  # retrieved: logged once
+            log.error("webhooks: a delivery task failed", exc_info=task.exception())
 
     async def _deliver(self, client: httpx.AsyncClient, due: Due) -> None:
         answer = await send(client, due)
@@ -400,7 +543,7 @@ def endpoint_document(endpoint: WebhookEndpoint, *, secret: bool = False) -> dic
     document: dict[str, Any] = {
         "id": endpoint.id,
         "name": endpoint.name,
-        "url": endpoint.url,
+        "url": shown_url(endpoint.url),
         "events": list(endpoint.events),
         "enabled": endpoint.enabled,
         "created_by": endpoint.created_by,
@@ -411,8 +554,21 @@ def endpoint_document(endpoint: WebhookEndpoint, *, secret: bool = False) -> dic
     return document
 
 
-def delivery_document(delivery: WebhookDelivery, *, attempts: bool = True) -> dict[str, Any]:
-    """A delivery with its attempts (oldest first), as the API and the CLI show it."""
+def shown_error(status: int | None, error: str, *, bodies: bool) -> str:
+    """An attempt's error as shown: a response's body (an answer with a status) only when
+    ``bodies`` (to whoever may manage endpoints: a receiver's answer can hold what an internal
+    service says); an exception's text always."""
+    return error if bodies or status is None or not error else BODY_HIDDEN
+
+
+BODY_HIDDEN = "(the response body is shown to operators)"
+
+
+def delivery_document(
+    delivery: WebhookDelivery, *, attempts: bool = True, bodies: bool = True
+) -> dict[str, Any]:
+    """A delivery with its attempts (oldest first), as the API and the CLI show it; failed
+    responses' bodies only when ``bodies`` (``shown_error``)."""
     document: dict[str, Any] = {
         "id": delivery.id,
         "endpoint_id": delivery.endpoint_id,
@@ -426,7 +582,7 @@ def delivery_document(delivery: WebhookDelivery, *, attempts: bool = True) -> di
         if delivery.state == "pending"
         else None,
         "last_status": delivery.last_status,
-        "last_error": delivery.last_error,
+        "last_error": shown_error(delivery.last_status, delivery.last_error, bodies=bodies),
         "created_at": delivery.created_at.isoformat(),
         "finished_at": delivery.finished_at.isoformat() if delivery.finished_at else None,
         "payload": delivery.payload,
@@ -439,7 +595,7 @@ def delivery_document(delivery: WebhookDelivery, *, attempts: bool = True) -> di
                 "started_at": a.started_at.isoformat(),
                 "duration_ms": a.duration_ms,
                 "status_code": a.status_code,
-                "error": a.error,
+                "error": shown_error(a.status_code, a.error, bodies=bodies),
                 "outcome": a.outcome,
             }
             for a in delivery.attempt_log.all()

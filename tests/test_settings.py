@@ -465,3 +465,15 @@ def test_the_settings_module_imports_no_app_code():
     source = (Path(__file__).resolve().parent.parent / "console" / "settings.py").read_text()
     imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
     assert not [line for line in imports if "runtime" in line or "console" in line], imports
+
+
+@pytest.mark.parametrize(
+    ("hosts", "problem"), [(["10.0.0.0/33"], "not a CIDR"), ([""], "host name or a CIDR")]
+)
+def test_a_malformed_webhook_allow_list_fails_the_check(settings, hosts, problem):
+    from runtime.checks import choices_and_shapes
+
+    settings.RUNTIME_WEBHOOK_ALLOW_HOSTS = hosts
+    (error,) = choices_and_shapes()
+    assert error.id == "runtime.E004" and error.msg.startswith("RUNTIME_WEBHOOK_ALLOW_HOSTS: ")
+    assert problem in error.msg

@@ -121,8 +121,9 @@ def list_endpoints(request: HttpRequest) -> dict[str, Any]:
 )
 def create_endpoint(request: HttpRequest, payload: EndpointIn) -> Status:
     """Create an enabled endpoint; 201 with its ``secret`` (keep it: receivers verify the
-    ``webhook-signature`` with it). 422 ``webhook_refused`` for a URL that is not http(s) or a
-    malformed secret; nothing is written."""
+    ``webhook-signature`` with it). 422 ``webhook_refused`` for a URL that is not http(s), holds
+    credentials, whitespace or control characters, or names an internal address (loopback,
+    private, link-local, ...: README "Webhooks"), or a malformed secret; nothing is written."""
     endpoint = webhooks.create_endpoint(
         url=payload.url,
         events=payload.events,
@@ -201,7 +202,7 @@ def list_deliveries(
     request: HttpRequest, endpoint_id: Id, filters: Query[DeliveryFilters]
 ) -> dict[str, Any]:
     """The endpoint's deliveries, newest first, each with every attempt (status code, error,
-    worker, duration)."""
+    worker, duration); a failed response's body only to a token that may operate."""
     endpoint = webhooks.get_endpoint(endpoint_id)
     rows = WebhookDelivery.objects.filter(endpoint=endpoint).prefetch_related("attempt_log")
     if filters.state is not None:
@@ -209,4 +210,6 @@ def list_deliveries(
     page, next_cursor = keyset_page(
         rows, cursor=filters.cursor, limit=filters.limit, newest_first=True
     )
-    return {"items": [webhooks.delivery_document(d) for d in page], "next_cursor": next_cursor}
+    bodies = _may_operate(request)
+    items = [webhooks.delivery_document(d, bodies=bodies) for d in page]
+    return {"items": items, "next_cursor": next_cursor}

@@ -43,6 +43,7 @@ def endpoints(request: HtmxHttpRequest) -> HttpResponse:
             status = 400
     rows = list(WebhookEndpoint.objects.order_by("created_at", "id"))
     for row in rows:
+        row.url = webhooks.shown_url(row.url)  # for the page only, never saved
         counts = row.deliveries.values_list("state", flat=True)
         row.pending = sum(1 for s in counts if s == "pending")  # type: ignore[attr-defined]
         row.failed = sum(1 for s in counts if s == "failed")  # type: ignore[attr-defined]
@@ -53,7 +54,8 @@ def endpoints(request: HtmxHttpRequest) -> HttpResponse:
 @needs(READ)
 def endpoint(request: HtmxHttpRequest, endpoint_id: str) -> HttpResponse:
     """One endpoint and its delivery log (newest first, every attempt with its response
-    code or error); the log re-renders alone every few seconds (htmx)."""
+    code or error; a failed response's body to operators only); the log re-renders alone
+    every few seconds (htmx)."""
     try:
         found = webhooks.get_endpoint(endpoint_id)
     except RuntimeFault as exc:
@@ -63,7 +65,17 @@ def endpoint(request: HtmxHttpRequest, endpoint_id: str) -> HttpResponse:
         .prefetch_related("attempt_log")
         .order_by("-created_at", "-id")[:LOG_ROWS]
     )
-    context = {"endpoint": found, "deliveries": log, "show_secret": request.user.has_perm(OPERATE)}
+    operator = request.user.has_perm(OPERATE)
+    found.url = webhooks.shown_url(found.url)  # for the page only, never saved
+    for delivery in log:  # a receiver's answer only to operators (webhooks.shown_error)
+        delivery.last_error = webhooks.shown_error(
+            delivery.last_status, delivery.last_error, bodies=operator
+        )
+        for attempt in delivery.attempt_log.all():
+            attempt.error = webhooks.shown_error(
+                attempt.status_code, attempt.error, bodies=operator
+            )
+    context = {"endpoint": found, "deliveries": log, "show_secret": operator}
     return render_page(request, "console/webhook.html", context, partial="log")
 
 

@@ -4,7 +4,8 @@ Pure: no Django, no clock, no I/O. ``notifications`` maps one validated commit (
 and after, and the draft) to the webhook events it owes, as values; the coordinator writes one
 outbox row per (subscribed endpoint, event) in the commit's own write, so an event exists if
 and only if its commit does (issue 23, item 3). ``next_attempt`` is the retry decision the
-delivery task applies (like procrastinate's retry strategies).
+delivery task applies (like procrastinate's retry strategies). ``host_problem``,
+``internal`` and ``AllowList`` say where a request may go (no internal addresses by default).
 
 Adding an event kind is one ``case`` in ``_from_event`` (or one test in ``notifications``) and
 one member of ``WebhookEvent``.
@@ -12,9 +13,12 @@ one member of ``WebhookEvent``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
+from socket import inet_aton
 
 from runtime.domain.commit import CommitDraft
 from runtime.domain.events import CallIndeterminate, Event, RunPaused
@@ -182,3 +186,96 @@ def body(
         **notification.facts,
     }
     return {"type": notification.kind.value, "timestamp": at, "data": data}
+
+
+# -- where requests may go (issue 23 item 3, the tester's SSRF finding) --------------------------
+
+Address = IPv4Address | IPv6Address
+
+# Embedded IPv4 addresses an IPv6 address reaches (NAT64, RFC 6052): judged as the IPv4 one.
+NAT64 = ip_network("64:ff9b::/96")
+
+
+@dataclass(frozen=True, slots=True)
+class AllowList:
+    """Hosts requests may go to even when they are internal (RUNTIME_WEBHOOK_ALLOW_HOSTS):
+    host names (exact, lower case) and networks."""
+
+    names: frozenset[str] = frozenset()
+    networks: tuple[IPv4Network | IPv6Network, ...] = ()
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> AllowList:
+        """From host names and IP addresses or CIDRs (``127.0.0.1``, ``10.0.0.0/8``); raises
+        ValueError for an entry that is not a string, or a malformed CIDR (one with a ``/``)."""
+        names: set[str] = set()
+        networks = []
+        for entry in entries:
+            if not isinstance(entry, str) or not entry.strip():
+                raise ValueError(f"each entry is a host name or a CIDR, got {entry!r}")
+            text = entry.strip().lower()
+            try:
+                networks.append(ip_network(text.strip("[]"), strict=False))
+            except ValueError:
+                if "/" in text:
+                    raise ValueError(f"{entry!r} is not a CIDR") from None
+                names.add(text)
+        return cls(frozenset(names), tuple(networks))
+
+    def names_host(self, host: str) -> bool:
+        """Whether ``host`` is allowed by name."""
+        return host.lower() in self.names
+
+    def permits(self, address: Address) -> bool:
+        """Whether a request may connect to ``address``: a public one, or one allowed."""
+        return not internal(address) or any(address in n for n in self.networks)
+
+
+def internal(address: Address) -> bool:
+    """Whether ``address`` is one a webhook must not reach by default: loopback, private,
+    link-local (the cloud metadata service, 169.254.169.254), shared (CGNAT, 100.64/10),
+    multicast, unspecified or reserved: whatever the IANA special-purpose registries do not
+    mark globally reachable (``ipaddress``'s ``is_global``), and multicast. An IPv4 address
+    inside IPv6 (mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::a.b.c.d``) is judged as itself."""
+    if isinstance(address, IPv6Address):
+        if address.ipv4_mapped is not None:
+            return internal(address.ipv4_mapped)
+        if address in NAT64:
+            return internal(IPv4Address(int(address) & 0xFFFFFFFF))
+    return address.is_multicast or not address.is_global
+
+
+def literal_address(host: str) -> Address | None:
+    """The IP address ``host`` names literally, or None for a host name. The old numeric
+    forms a resolver still accepts (``0x7f000001``, ``127.1``, ``2130706433``, ``0177.0.0.1``)
+    count: they reach the address they encode."""
+    try:
+        return ip_address(host.strip("[]"))
+    except ValueError:
+        pass
+    if not _NUMERIC_V4.fullmatch(host):
+        return None
+    try:
+        return IPv4Address(inet_aton(host))  # parses text; no lookup
+    except OSError:
+        return None
+
+
+_NUMERIC_V4 = re.compile(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}", re.IGNORECASE)
+
+LOCAL_NAMES = ("localhost", "localhost.localdomain")
+
+
+def host_problem(host: str, allow: AllowList) -> str | None:
+    """Why a webhook may not be sent to ``host`` judged by its name alone (an internal IP
+    literal, or ``localhost``), or None; the addresses a name resolves to are judged when
+    sending."""
+    if allow.names_host(host):
+        return None
+    address = literal_address(host)
+    if address is not None and not allow.permits(address):
+        return f"{host} is an internal address (allow it in RUNTIME_WEBHOOK_ALLOW_HOSTS)"
+    name = host.lower().rstrip(".")
+    if name in LOCAL_NAMES or name.endswith(".localhost"):
+        return f"{host} is this machine (allow it in RUNTIME_WEBHOOK_ALLOW_HOSTS)"
+    return None

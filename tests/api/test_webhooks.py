@@ -96,3 +96,35 @@ def test_the_schema_documents_webhooks(api):
     assert {"/api/v1/webhooks", "/api/v1/webhooks/{endpoint_id}/test"} <= set(schema["paths"])
     events = schema["components"]["schemas"]["EndpointIn"]["properties"]["events"]
     assert "run.paused" in json.dumps(events)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://example.com/\r\nX-Injected: 1",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://localhost/",
+        "http://[::1]/",
+        "http://0x7f000001/",
+        "http://10.0.0.1/",
+        "http://u:pw@h.example/",
+    ],
+)
+def test_a_url_no_request_should_go_to_is_refused(api, url):
+    response = api.post("/webhooks", {"url": url, "events": ["run.ended"]})
+    assert response.status_code == 422, response.content
+    assert error_of(response)["code"] == "webhook_refused"
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_a_viewer_sees_no_response_body_but_an_operator_does(api, api_as):
+    endpoint = api.post("/webhooks", {"url": "http://h.example/", "events": ["run.ended"]}).json()
+    api.post(f"/webhooks/{endpoint['id']}/test")
+    (due,) = webhooks.claim_due("w", 5)
+    webhooks.record(due, webhooks.Answer(500, "internal secret", queued_at(), 0.1), worker_id="w")
+    path = f"/webhooks/{endpoint['id']}/deliveries"
+    (seen,) = api_as("vera", "read").get(path).json()["items"]
+    assert "internal secret" not in json.dumps(seen)
+    assert seen["last_error"] == webhooks.BODY_HIDDEN and seen["last_status"] == 500
+    (full,) = api.get(path).json()["items"]
+    assert full["last_error"] == "internal secret" == full["log"][0]["error"]

@@ -50,3 +50,20 @@ def test_a_viewer_reads_without_secret_or_buttons(viewer):
         == 403
     )
     assert not WebhookDelivery.objects.exists()
+
+
+def test_a_viewer_sees_no_response_body(viewer, operator):
+    endpoint = webhooks.create_endpoint(url="https://h.example/", events=["run.ended"])
+    webhooks.send_test(endpoint.id)
+    (due,) = webhooks.claim_due("w1", 5)
+    answer = webhooks.Answer(500, "metadata-token-123", timezone.now(), 0.1)
+    webhooks.record(due, answer, worker_id="w1")
+    seen = viewer.get(f"/webhooks/{endpoint.id}/").content.decode()
+    assert "HTTP 500" in seen and "metadata-token-123" not in seen
+    assert "metadata-token-123" in operator.get(f"/webhooks/{endpoint.id}/").content.decode()
+
+
+def test_a_form_with_an_internal_url_is_refused(operator):
+    for url in ("http://169.254.169.254/", "http://10.0.0.1/x", "http://user:pw@h.example/"):
+        page = operator.post("/webhooks/", {"url": url, "events": ["run.ended"]})
+        assert page.status_code == 400 and not WebhookEndpoint.objects.exists()

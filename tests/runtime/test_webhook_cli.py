@@ -62,3 +62,12 @@ def test_a_refusal_is_one_line_and_writes_nothing():
     with pytest.raises(CommandError, match="not_found"):
         run("test", "nosuchendpoint")
     assert not WebhookEndpoint.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "url", ["http://example.com/\r\nX-Injected: 1", "http://169.254.169.254/", "http://[::1]/"]
+)
+def test_a_url_no_request_should_go_to_is_refused(url):
+    with pytest.raises(CommandError, match="webhook_refused"):
+        run("add", "--url", url, "--event", "run.ended")
+    assert not WebhookEndpoint.objects.exists()

@@ -20,12 +20,21 @@ from tests.runtime.webhook_receiver import Receiver
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 ALL = ["ticket.opened", "run.ended", "call.indeterminate", "run.paused"]
+
+
+@pytest.fixture(autouse=True)
+def local_receivers(settings):
+    """The receivers here are on 127.0.0.1: internal, so allowed by name (README "Webhooks")."""
+    settings.RUNTIME_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+
+
 TIMEOUT = 2.0  # RUNTIME_WEBHOOK_TIMEOUT_SECONDS of these workers
 HOOK_ENV = {
     "RUNTIME_WEBHOOK_TIMEOUT_SECONDS": str(TIMEOUT),
     "RUNTIME_WEBHOOK_BACKOFF_SECONDS": "0.1",
     "RUNTIME_WEBHOOK_BACKOFF_MAX_SECONDS": "0.5",
     "RUNTIME_WEBHOOK_MAX_ATTEMPTS": "100",
+    "RUNTIME_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
 }
 LEASE = TIMEOUT + 5  # conf.webhook_lease(): a killed worker's delivery is free after it
 

@@ -23,6 +23,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ALL = ["ticket.opened", "run.ended", "call.indeterminate", "run.paused"]
 
 
+@pytest.fixture(autouse=True)
+def local_receivers(settings):
+    """The receivers here are on 127.0.0.1: internal, so allowed by name (README "Webhooks")."""
+    settings.RUNTIME_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+
+
 def deliveries(**filters: Any) -> list[WebhookDelivery]:
     return list(WebhookDelivery.objects.filter(**filters).order_by("run_id", "seq", "idx"))
 
