@@ -148,7 +148,8 @@ def test_a_receiver_that_fails_forever_never_delays_a_run(start, spawn_worker):
     receiver.start()
     steps: list[dict[str, Any]] = [tool_step(("slow", {"seconds": 0.2})), text_step()]
     run_ids = [start(*steps) for _ in range(6)]
-    env = {**HOOK_ENV, "RUNTIME_WEBHOOK_TIMEOUT_SECONDS": "120"}
+    held_for = 120  # longer than the whole test: a held request is never answered in time
+    env = {**HOOK_ENV, "RUNTIME_WEBHOOK_TIMEOUT_SECONDS": str(held_for)}
     try:
         worker = spawn_worker(until_idle=True, max_inflight=1, **env)  # one run at a time
         wait_for(lambda: receiver.holding >= 1, timeout=60, what="the first run's event held")
@@ -163,9 +164,11 @@ def test_a_receiver_that_fails_forever_never_delays_a_run(start, spawn_worker):
         receiver.hold = None
         retrying = spawn_worker(until_idle=False, **HOOK_ENV)
         try:
+            # The requests the first worker left hanging are claimable once their leases
+            # lapse (conf.webhook_lease: the timeout + 5 s); the others at once.
             wait_for(
                 lambda: WebhookDelivery.objects.filter(attempts__gte=3).exists(),
-                timeout=60,
+                timeout=held_for + 5 + 60,
                 what="deliveries retried",
             )
         finally:
