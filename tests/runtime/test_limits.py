@@ -219,8 +219,9 @@ def test_the_cli_and_metrics_show_each_limits_use(agents, start, command, settin
 
 def _backlog(run_id: str, count: int) -> list[str]:
     """``count`` copies of run ``run_id`` committed before it (cheap: rows, not commits)."""
-    run = Run.objects.get(id=run_id)
-    first = run.committed_at - timedelta(hours=1)
+    committed_at = Run.objects.get(id=run_id).committed_at
+    assert committed_at is not None
+    first = committed_at - timedelta(hours=1)
     copies = []
     for n in range(count):
         copy = Run.objects.get(id=run_id)

@@ -113,7 +113,12 @@ def test_refusals_write_nothing(start, work_inline):
     _refused_writes_nothing(
         run_id, lambda: resume_run(run_id, reason="x", idempotency_key="k1"), IdempotencyKeyReused
     )
-    _refused_writes_nothing(run_id, lambda: resume_run(run_id, actor="op"), NotPaused)
+    # The same resume by the same actor (without the key) is answered; another is refused.
+    seen = commit_count(run_row(run_id).thread_id)
+    assert resume_run(run_id, actor="op")["pause"] is None
+    assert commit_count(run_row(run_id).thread_id) == seen
+    _refused_writes_nothing(run_id, lambda: resume_run(run_id, actor="other"), NotPaused)
+    _refused_writes_nothing(run_id, lambda: resume_run(run_id, actor="op", reason="x"), NotPaused)
 
     cancel(run_id, actor="op")
     refused = _refused_writes_nothing(run_id, lambda: pause(run_id, actor="op"), RunEnded)
