@@ -19,6 +19,7 @@ from typing import Any
 from django import forms
 
 from runtime.agents import registry
+from runtime.domain.commit import PAUSE_REASON_MAX
 from runtime.domain.webhooks import SUBSCRIBABLE
 from runtime.operations import reconciliation_problem
 from runtime.untrusted import UntrustedJSONError, parse_json
@@ -197,7 +198,7 @@ class StartRunForm(forms.Form):
 
 
 class CancelForm(forms.Form):
-    reason = forms.CharField(required=False, max_length=500)
+    reason = forms.CharField(required=False, max_length=PAUSE_REASON_MAX)
     confirm = forms.BooleanField(
         required=True, error_messages={"required": "Confirm that the run should be cancelled."}
     )

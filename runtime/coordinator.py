@@ -63,6 +63,9 @@ from runtime.signals import CommitNotice, commit_announced
 log = logging.getLogger("runtime.commit")
 
 WAKE_CHANNEL = "runtime_runnable"
+# A notice's payload on WAKE_CHANNEL: the run id when the run became runnable, this prefix and
+# the run id when it was paused (its worker lets it go at once, not at its next heartbeat).
+PAUSED_PREFIX = "paused:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,7 @@ def write(plan: Plan) -> Committed:
         seq=writes.seq,
         state=run.state.value if run and draft.run_id else None,
         runnable=writes.notify,
+        paused=writes.paused,
     )
     transaction.on_commit(partial(_announce, notice), using=db.alias())
     return Committed(seq=writes.seq, head=plan.head, run=run)
@@ -316,6 +320,7 @@ class _Writes:
     outbox: list[_Row] = field(default_factory=list)
     clear_checkpoint: bool = False
     notify: bool = False
+    paused: bool = False  # the commit paused the run: its worker is told (PAUSED_PREFIX)
     create_thread: bool = False
 
 
@@ -484,6 +489,7 @@ def _plan_run(
     _plan_tickets(writes, draft, before, run, now)
     writes.clear_checkpoint = any(isinstance(e, StepCommitted) for e in draft.events)
     writes.notify = runnable(run) and (before is None or not runnable(before))
+    writes.paused = run.pause is not None and (before is None or before.pause is None)
 
 
 def runnable(run: RunView) -> bool:
@@ -761,9 +767,10 @@ def _statement(w: _Writes) -> tuple[str, dict[str, Any]]:
             "WHERE run_id = %(run_id)s)"
         )
     final = "SELECT (SELECT count(*) FROM head)"
-    if w.notify:  # delivered by PostgreSQL only when the statement's transaction commits
+    if w.notify or w.paused:  # delivered by PostgreSQL only when the transaction commits
         params["channel"] = WAKE_CHANNEL
-        ctes.append("wake AS (SELECT pg_notify(%(channel)s, %(run_id)s) FROM head)")
+        params["wake"] = (PAUSED_PREFIX if w.paused else "") + str(w.run_id)
+        ctes.append("wake AS (SELECT pg_notify(%(channel)s, %(wake)s) FROM head)")
         final += ", (SELECT count(*) FROM wake)"  # a plain CTE runs only when it is read
     return "WITH " + ",\n".join(ctes) + "\n" + final, params
 

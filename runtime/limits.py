@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Case, CharField, Exists, OuterRef, Q, Value, When
+from django.db.models import Case, CharField, Exists, F, OuterRef, Q, Value, When, Window
 from django.db.models.fields.json import KT
-from django.db.models.functions import Coalesce, Now
+from django.db.models.functions import Coalesce, Now, RowNumber
 from django.utils import timezone
 
 from runtime import conf, db
@@ -51,8 +51,6 @@ from runtime.domain.limits import (
 from runtime.models import Limit, ModelSlot, Run
 
 log = logging.getLogger("runtime.limits")
-
-SCAN = 500  # runnable runs of limited agents a claim looks at, oldest first
 
 
 def run_limits() -> dict[str, RunLimit]:
@@ -132,20 +130,65 @@ def claim_limited(
 ) -> list[str]:
     """Pick up to ``want`` runnable runs of limited agents that fit their limits, oldest
     commit first, and return their ids; the caller takes their leases in the same
-    transaction (which must be open: the lock lasts until it ends)."""
+    transaction (which must be open: the lock lasts until it ends).
+
+    A key's backlog never hides another key's runs: each agent's candidates are at most
+    ``per_key`` runs of each key, oldest first (``_candidates``), so the oldest runnable run
+    of a key with room is always among them, however many runs a saturated key has."""
     now = db_now()
     _lock([f"agent:{name}" for name in sorted(limits)])
     counts = held(limits, now, driving)
+    candidates: list[tuple[Any, Candidate]] = []
+    for agent, limit in sorted(limits.items()):
+        mine = sum(n for (a, _key), n in counts.items() if a == agent)
+        room = want if limit.runs is None else min(want, limit.runs - mine)
+        if room > 0:
+            candidates += _candidates(agent, limit, now, driving, room + mine)
+    candidates.sort(key=lambda c: (c[0], c[1].run_id))
+    return admit([c for _at, c in candidates], counts, limits, want)
+
+
+def _candidates(
+    agent: str, limit: RunLimit, now: Any, driving: tuple[str, ...], most: int
+) -> list[tuple[Any, Candidate]]:
+    """The runnable runs of ``agent`` a claim may take, with their commit instants: the
+    oldest ``per_key`` of each key (a window per key), then the oldest ``most`` of those.
+
+    ``most`` is the agent's free slots plus the runs it holds: a key can only refuse as many
+    of its candidates as it holds slots, so that many more always reach the free slots."""
     rows = (
         Run.objects.runnable(now)
-        .filter(agent__in=list(limits))
+        .filter(agent=agent)
         .exclude(id__in=driving)
-        .annotate(limit_key=_key_of(limits))
-        .order_by("committed_at", "id")
-        .values_list("id", "agent", "limit_key")[:SCAN]
+        .annotate(limit_key=_key_of({agent: limit}))
     )
-    candidates = [Candidate(run_id, agent, str(key)) for run_id, agent, key in rows]
-    return admit(candidates, counts, limits, want)
+    if limit.key is not None:
+        rows = rows.annotate(
+            rank=Window(
+                RowNumber(),
+                partition_by=[F("limit_key")],
+                order_by=[F("committed_at").asc(), F("id").asc()],
+            )
+        ).filter(rank__lte=limit.per_key)
+    picked = rows.order_by("committed_at", "id").values_list("id", "limit_key", "committed_at")[
+        :most
+    ]
+    return [(at, Candidate(run_id, agent, str(key))) for run_id, key, at in picked]
+
+
+def key_of(run: Run, limit: RunLimit) -> str:
+    """The key value of ``run`` under ``limit`` as the claim counts it ("" without a key):
+    the database's text of its metadata field, read with the claim's own expression, so that a
+    true, a null or an object value names the same key here as in the claim."""
+    if limit.key is None:
+        return ""
+    value = (
+        Run.objects.filter(id=run.id)
+        .annotate(limit_key=_key_of({run.agent: limit}))
+        .values_list("limit_key", flat=True)
+        .first()
+    )
+    return "" if value is None else str(value)
 
 
 def why_waiting(run: Run) -> str:
@@ -163,9 +206,7 @@ def why_waiting(run: Run) -> str:
     if limit is None:
         return ""
     counts = held({run.agent: limit}, db_now())
-    key = ""
-    if limit.key is not None:
-        key = str((run.metadata or {}).get(limit.key, ""))
+    key = key_of(run, limit)
     return (
         run_wait_reason(
             run.agent,
@@ -243,19 +284,25 @@ def take_model(model: str, limit: ModelLimit, run_id: str, epoch: int) -> Slot |
         return Slot(ModelSlot.objects.create(model=model, run_id=run_id, epoch=epoch).id)
 
 
-def give_back(slot: Slot) -> None:
-    """Free an inference slot (a slot whose claim lapsed is freed by the next take)."""
-    if slot.slot_id is not None:
-        ModelSlot.objects.filter(id=slot.slot_id).delete()
+def give_back(slot: Slot, model: str, retry_after: float | None = None) -> None:
+    """Free an inference slot (a slot whose claim lapsed is freed by the next take).
 
-
-def slow_model(model: str, retry_after: float) -> datetime:
-    """Push the model's ``not_before`` to ``retry_after`` seconds from now (never earlier
-    than it was), for every worker; return it."""
+    With ``retry_after`` (the provider answered 429 with Retry-After) the model's pause is
+    recorded first, in the same transaction: no other worker can take the freed slot before
+    the pause is there to refuse it."""
     with db.atomic():
-        row, now = _locked_budget(model)
-        until = slowed(row.not_before, now, retry_after)
-        Limit.objects.filter(key=row.key).update(not_before=until)
+        if retry_after is not None:
+            _slow(model, retry_after)
+        if slot.slot_id is not None:
+            ModelSlot.objects.filter(id=slot.slot_id).delete()
+
+
+def _slow(model: str, retry_after: float) -> datetime:
+    """Push the model's ``not_before`` to ``retry_after`` seconds from now (never earlier
+    than it was), for every worker; return it. Inside the caller's transaction."""
+    row, now = _locked_budget(model)
+    until = slowed(row.not_before, now, retry_after)
+    Limit.objects.filter(key=row.key).update(not_before=until)
     log.warning("model %s: the provider asked for a pause; no request before %s", model, until)
     return until
 

@@ -27,6 +27,7 @@ from runtime.crash import crash_point
 from runtime.delegation import child_run_id
 from runtime.documents import run_document
 from runtime.domain.commit import (
+    PAUSE_REASON_MAX,
     CommitDraft,
     check_operator_resume,
     end_cause_reason,
@@ -466,6 +467,14 @@ def cancel(
     return _answered(run_id, idempotency_key, {"cancel": reason}, act)
 
 
+def _pause_reason(reason: str) -> None:
+    """Refuse a pause's or a resume's reason no surface may record: InvalidCommit for NUL or a
+    lone surrogate, or more than PAUSE_REASON_MAX characters (one limit for all surfaces)."""
+    _storable(reason, "the reason")
+    if len(reason) > PAUSE_REASON_MAX:
+        raise InvalidCommit(f"the reason has at most {PAUSE_REASON_MAX} characters")
+
+
 def _kept(run: RunView) -> Disposition:
     """The disposition a pause or resume commits: the one the run has (README, "Pause")."""
     if run.state is RunState.AWAITING:
@@ -491,12 +500,13 @@ def pause(
 
     Raises NotFound, RunEnded (an ended run is never paused), AlreadyPaused (paused by
     another actor, or with another reason: ``detail`` says by whom, when and why),
+    InvalidCommit (a reason with NUL or over PAUSE_REASON_MAX characters),
     IdempotencyKeyReused; nothing is written on refusal. The same pause sent again by the
     actor who paused it gets the run document and writes nothing (with or without a key).
     Raises CommittedUnread when the pause was committed but the run could not be read.
     """
     _require_id(run_id, "run")
-    _storable(reason, "the reason")
+    _pause_reason(reason)
 
     def build(run: RunView) -> CommitDraft:
         if run.state is RunState.ENDED:
@@ -549,11 +559,15 @@ def resume_run(
     open pause ticket.
 
     Raises NotFound, RunEnded, NotPaused (the run is not paused), TicketMismatch (another
-    ticket named), IdempotencyKeyReused; nothing is written on refusal. Raises
-    CommittedUnread when the resume was committed but the run could not be read.
+    ticket named), InvalidCommit (a reason with NUL or over PAUSE_REASON_MAX characters),
+    IdempotencyKeyReused; nothing is written on refusal. The same resume sent again by the
+    actor whose resume consumed the run's last pause (the same reason, and the same ticket
+    when one is named) gets the run document and writes nothing, as a repeated pause does.
+    Raises CommittedUnread when the resume was committed but the run could not be read.
     """
     _require_id(run_id, "run")
-    _storable([reason, ticket_id], "the command")
+    _pause_reason(reason)
+    _storable(ticket_id, "the command")
 
     def build(run: RunView) -> CommitDraft:
         if run.state is RunState.ENDED:
@@ -570,10 +584,31 @@ def resume_run(
         )
 
     def act() -> dict[str, Any]:
-        committed = _commit_retrying(run_id, build)
+        try:
+            committed = _commit_retrying(run_id, build)
+        except NotPaused:
+            if not _unpaused_before(run_id, actor, reason, ticket_id):
+                raise
+            committed = None  # the same resume, committed before: answered, not re-applied
         return _answer(run_id, committed, "resume", actor)
 
     return _answered(run_id, idempotency_key, {"resume": reason, "ticket_id": ticket_id}, act)
+
+
+def _unpaused_before(run_id: str, actor: str, reason: str, ticket_id: str | None) -> bool:
+    """Whether the run's last pause was consumed by this very resume: ``actor``'s commit holds
+    a RunResumed with ``reason`` (and ``ticket_id`` when given). The log decides, as for a
+    call's ticket (``_committed_before``): the newest pause event of the run is looked for."""
+    commits = ThreadCommit.objects.filter(run_id=run_id).order_by("-seq")
+    for by, events in commits.values_list("actor", "events").iterator(chunk_size=50):
+        for event in reversed(events or []):
+            if event.get("type") == RunPaused.__name__:
+                return False
+            if event.get("type") == RunResumed.__name__:
+                resumed = codec.dump_event(RunResumed(ticket_id=event["ticket_id"], reason=reason))
+                named = ticket_id is None or ticket_id == event["ticket_id"]
+                return by == actor and named and event == resumed
+    return False
 
 
 def reconciliation_problem(outcome: str, evidence: str) -> str | None:

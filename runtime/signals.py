@@ -21,3 +21,4 @@ class CommitNotice:
     seq: int
     state: str | None  # the run's state after the commit, None for a thread note
     runnable: bool  # the run became Running after not being runnable (activation, resume)
+    paused: bool = False  # the commit paused the run: its worker lets it go at once

@@ -33,6 +33,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -42,7 +43,7 @@ from django.db.models.functions import Greatest
 from psycopg_pool import PoolTimeout
 
 from runtime import codec, conf, db, limits, logs, metrics, registry, timers, webhooks
-from runtime.coordinator import WAKE_CHANNEL, Lease
+from runtime.coordinator import PAUSED_PREFIX, WAKE_CHANNEL, Lease
 from runtime.db import (
     db_later,
     db_now,
@@ -329,6 +330,24 @@ class Worker:
     def _on_commit(self, sender, notice, **kwargs) -> None:
         if notice.runnable:
             self._call_soon(self.wake.set)
+        if notice.paused and notice.run_id:
+            self._call_soon(partial(self._let_go, notice.run_id))
+
+    def _noticed(self, payload: str) -> None:
+        """A NOTIFY on WAKE_CHANNEL: a run was paused (let it go) or became runnable (wake)."""
+        if payload.startswith(PAUSED_PREFIX):
+            self._let_go(payload.removeprefix(PAUSED_PREFIX))
+        else:
+            self.wake.set()
+
+    def _let_go(self, run_id: str) -> None:
+        """An operator paused ``run_id`` (a committed pause): if this worker drives it, its
+        driver stops at its next boundary and releases it (an inference is cancelled). Told
+        by the pause's notice, or by the heartbeat when a notice was missed."""
+        if (held := self.held.get(run_id)) is not None and not held.pause.is_set():
+            log.info("run %s: paused by an operator; letting it go", run_id)
+            held.pause.set()
+            held.halt.set()
 
     async def _listen_postgres(self) -> None:
         """Wake on NOTIFY from any process's commit (PostgreSQL only); reconnect after a
@@ -344,8 +363,8 @@ class Worker:
                     **params, autocommit=True
                 ) as listener:
                     await listener.execute(f"LISTEN {WAKE_CHANNEL}")
-                    async for _ in listener.notifies():
-                        self.wake.set()
+                    async for notice in listener.notifies():
+                        self._noticed(notice.payload)
             except Exception:
                 log.warning("LISTEN failed; polling until it reconnects", exc_info=True)
                 await asyncio.sleep(conf.heartbeat_seconds())
@@ -473,12 +492,7 @@ class Worker:
                         lost.release.set()
                         lost.halt.set()
                 for run_id in paused:
-                    if (
-                        stopping := self.held.get(run_id)
-                    ) is not None and not stopping.pause.is_set():
-                        log.info("run %s: paused by an operator; letting it go", run_id)
-                        stopping.pause.set()
-                        stopping.halt.set()
+                    self._let_go(run_id)
             await self._registry(services, registry.heartbeat, self.worker_id)
             if self.reported != self.problem:  # written once a connection allows
                 reason = self.problem[1] if self.problem else ""

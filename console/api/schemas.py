@@ -14,6 +14,7 @@ from ninja import Schema
 from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
+from runtime.domain.commit import PAUSE_REASON_MAX
 from runtime.untrusted import UntrustedJSONError, check_storable, text_problem
 
 # -- constrained values ---------------------------------------------------------------------------
@@ -50,6 +51,9 @@ Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 InputText = Annotated[str, Field(min_length=1, max_length=200_000), AfterValidator(_storable_text)]
 Note = Annotated[str, Field(max_length=2000), AfterValidator(_storable_text)]
 Evidence = Annotated[str, Field(max_length=20_000), AfterValidator(_storable_text)]
+PauseReason = Annotated[
+    str, Field(max_length=PAUSE_REASON_MAX), AfterValidator(_storable_text)
+]  # the same limit on every surface (operations refuses longer ones too)
 
 
 RunStateName = Literal["running", "awaiting", "ended"]
@@ -213,7 +217,7 @@ class PauseIn(Schema):
 
     model_config = ConfigDict(extra="forbid")
 
-    reason: Note = ""
+    reason: PauseReason = ""
 
 
 class ReconcileIn(Schema):

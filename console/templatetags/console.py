@@ -167,14 +167,16 @@ def span(value: Any) -> str:
 
 
 @register.simple_tag
-def when(moment: datetime | None, style: str = "full") -> str:
+def when(moment: datetime | str | None, style: str = "full") -> str:
     """A ``<time>`` that always names its zone: UTC from the server, the browser's own zone
     once console.js localizes it (``data-local``), with the relative time in its title.
 
     ``style``: "full" (date and time) or "time" (time of day with milliseconds, for logs).
     """
-    if moment is None:
+    if moment is None or moment == "":
         return "—"
+    if isinstance(moment, str):  # an ISO instant kept in a document (a pause's paused_at)
+        moment = datetime.fromisoformat(moment)
     utc = moment.astimezone(UTC)
     text = utc.strftime("%Y-%m-%d %H:%M:%S") + " UTC"
     return format_html(

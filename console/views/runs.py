@@ -26,6 +26,7 @@ from console.views.tickets import _context_lines, attach_notes, build_card
 from runtime import limits, operations, search, stuck
 from runtime.agents import registry
 from runtime.documents import RUN_SUMMARY_FIELDS, consistent, run_document
+from runtime.domain.commit import PAUSE_REASON_MAX
 from runtime.errors import CommittedUnread, NotFound, RuntimeFault
 from runtime.inventory import unreconciled_calls
 from runtime.models import (
@@ -358,6 +359,7 @@ def run_page_context(
     if context["open_ticket"] is not None:
         context["card"] = build_card(context["open_ticket"])
     context["cancel_form"] = cancel_form or CancelForm()
+    context["pause_reason_max"] = PAUSE_REASON_MAX
     return context
 
 
@@ -422,9 +424,12 @@ def resume_paused(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
 
 def _pause_or_resume(request: HtmxHttpRequest, run_id: str, act: Any, done: str) -> HttpResponse:
     form = PauseForm(request.POST)
-    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    if not form.is_valid():  # refused, nothing written: the form says why
+        context = run_page_context(run_id)
+        context.update(pause_error=_form_problem(form))
+        return render_page(request, "console/run.html", context, status=400)
     try:
-        act(run_id, actor=actor(request), reason=reason)
+        act(run_id, actor=actor(request), reason=form.cleaned_data["reason"])
     except CommittedUnread as committed:  # it took effect; only the read after it failed
         messages.success(request, f"{done} (commit #{committed.seq})")
         return redirect("console:run", run_id=run_id)
@@ -436,6 +441,13 @@ def _pause_or_resume(request: HtmxHttpRequest, run_id: str, act: Any, done: str)
         return render_page(request, "console/run.html", context, status=exc.status)
     messages.success(request, done)
     return redirect("console:run", run_id=run_id)
+
+
+def _form_problem(form: PauseForm) -> str:
+    """The pause form's errors as one line ("Reason: ...")."""
+    return " ".join(
+        f"{name.capitalize()}: {error}" for name, errors in form.errors.items() for error in errors
+    )
 
 
 @needs(OPERATE)
@@ -546,12 +558,17 @@ def bulk_pause(request: HtmxHttpRequest) -> HttpResponse:
         "cap": BULK_CANCEL_MAX,
         "changed": False,
         "action": action,
+        "reason_max": PAUSE_REASON_MAX,
     }
     if request.POST.get("confirm") != "yes" or request.POST.get("expected", "") != str(count):
         context["changed"] = request.POST.get("confirm") == "yes"
         context["reason"] = request.POST.get("reason", "")
         return render_page(request, "console/bulk_pause.html", context)
-    reason = request.POST.get("reason", "")[:500]
+    reason_form = PauseForm(request.POST)
+    if not reason_form.is_valid():  # refused before any run is touched: the page says why
+        context.update(reason=request.POST.get("reason", ""), error=_form_problem(reason_form))
+        return render_page(request, "console/bulk_pause.html", context, status=400)
+    reason = reason_form.cleaned_data["reason"]
     act = operations.resume_run if action == "resume" else operations.pause
     changed = 0
     for run_id in rows.order_by("created_at").values_list("id", flat=True)[:BULK_CANCEL_MAX]:

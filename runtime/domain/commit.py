@@ -77,6 +77,8 @@ AWAITING_EVENTS = (CallResumed, CallIndeterminate, BatchFinalized, RunPaused, Ru
 # are still committed.
 STARTING_EVENTS = (StepCommitted, BatchOpened, CallExecuting, CallAwaiting, ChildStarted, RunForked)
 PAUSE_EVENTS = (RunPaused, RunResumed)
+# The longest reason a pause or a resume records, on every surface (API, console, CLI).
+PAUSE_REASON_MAX = 500
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -127,8 +127,7 @@ async def _with_retries(
         try:
             return await _limited_answer(d, model, limit, provider, req, step, attempt)
         except ModelError as exc:
-            if limit is not None and exc.retry_after is not None:
-                await d.services.db(limits.slow_model, model, exc.retry_after)
+            # A limited model's Retry-After was recorded as the slot was given back.
             if not exc.retryable or attempt > conf.model_retries():
                 raise
             if limit is not None and exc.retry_after is not None:
@@ -156,10 +155,16 @@ async def _limited_answer(
     slot = await d.services.db(limits.take_model, model, limit, d.run_id, d.lease.epoch)
     if isinstance(slot, Wait):
         raise WaitForLimit(limits.wait_delta(slot.seconds), slot.reason)
+    retry_after = None
     try:
         return await _answer(d, provider, req, step, attempt)
+    except ModelError as exc:
+        retry_after = exc.retry_after
+        raise
     finally:
-        await d.services.db(limits.give_back, slot)
+        # The pause is written with the slot's release (one transaction): freed first, the
+        # slot would let another worker's request through before the pause is recorded.
+        await d.services.db(limits.give_back, slot, model, retry_after)
 
 
 async def _answer(

@@ -93,3 +93,48 @@ def test_openapi_schema_has_the_pause(api):
     assert "pause" in components["RunOut"]["properties"]
     assert set(components["PauseOut"]["properties"]) >= {"paused_by", "paused_at", "reason"}
     assert "pause" in str(components["ResumeIn"]["properties"]["kind"])
+
+
+def test_a_repeated_resume_is_answered_as_committed(api, api_as, start):
+    """The same resume sent again by the user whose resume consumed the pause (two clicks,
+    a retried request) gets the run again and writes nothing; another user, another note or
+    another ticket is still refused ``not_paused``."""
+    run = start({"text": "done"})
+    paused = api.post(f"/runs/{run['id']}/pause", {"reason": "r"}).json()
+    ticket = paused["pause"]["ticket_id"]
+    body = {"kind": "pause", "ticket_id": ticket, "note": "go on"}
+    first = api.post(f"/runs/{run['id']}/resume", body)
+    assert first.status_code == 200, first.content
+    commits = commit_count(run["id"])
+    again = api.post(f"/runs/{run['id']}/resume", body)
+    assert again.status_code == 200, again.content
+    assert again.json()["pause"] is None and again.json()["version"] == first.json()["version"]
+    bare = api.post(f"/runs/{run['id']}/resume", {"kind": "pause", "note": "go on"})
+    assert bare.status_code == 200, bare.content  # no ticket named: the last pause's
+    for other in (
+        {"kind": "pause", "ticket_id": "b" * 32, "note": "go on"},
+        {"kind": "pause", "ticket_id": ticket, "note": "another"},
+    ):
+        refused = api.post(f"/runs/{run['id']}/resume", other)
+        assert (refused.status_code, error_of(refused)["code"]) == (409, "not_paused"), other
+    someone = api_as("oscar", "read", "resume", "operate").post(f"/runs/{run['id']}/resume", body)
+    assert (someone.status_code, error_of(someone)["code"]) == (409, "not_paused")
+    assert commit_count(run["id"]) == commits
+
+
+def test_a_pause_reason_has_one_limit_on_every_surface(api, start):
+    """500 characters at most, for a pause's reason and a pause's resume note alike (the
+    console's form has the same PAUSE_REASON_MAX); a longer one is refused, nothing written."""
+    from runtime.domain.commit import PAUSE_REASON_MAX
+
+    run = start({"text": "done"})
+    commits = commit_count(run["id"])
+    long = api.post(f"/runs/{run['id']}/pause", {"reason": "x" * (PAUSE_REASON_MAX + 1)})
+    assert long.status_code == 422, long.content
+    assert commit_count(run["id"]) == commits
+    fits = api.post(f"/runs/{run['id']}/pause", {"reason": "x" * PAUSE_REASON_MAX})
+    assert fits.status_code == 200, fits.content
+    note = {"kind": "pause", "note": "y" * (PAUSE_REASON_MAX + 1)}
+    refused = api.post(f"/runs/{run['id']}/resume", note)
+    assert (refused.status_code, error_of(refused)["code"]) == (422, "invalid_commit")
+    assert commit_count(run["id"]) == commits + 1

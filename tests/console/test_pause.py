@@ -90,5 +90,37 @@ def test_runtime_pause_command(approval_run):
     out = io.StringIO()
     call_command("runtime_pause", run.run_id, "--resume", stdout=out)
     assert out.getvalue().strip() == f"run {run.run_id}: awaiting, not paused"
+    again = io.StringIO()  # the same resume again: answered as committed, nothing written
+    call_command("runtime_pause", run.run_id, "--resume", stdout=again)
+    assert again.getvalue() == out.getvalue()
     with pytest.raises(CommandError, match="not_paused"):
-        call_command("runtime_pause", run.run_id, "--resume", stdout=io.StringIO())
+        call_command("runtime_pause", run.run_id, "--resume", "--reason", "other")
+
+
+@pytest.mark.parametrize("reason", ["a\x00b", "x" * 501])
+def test_an_invalid_reason_is_refused_and_nothing_written(operator, approval_run, reason):
+    """A reason with NUL or over 500 characters: the single pause answers 400 with the form's
+    error and pauses nothing; the bulk pause refuses it before touching a run."""
+    run, _ticket = approval_run
+    commits = ThreadCommit.objects.filter(run_id=run.run_id).count()
+    refused = _post(operator, f"/runs/{run.run_id}/pause/", {"reason": reason})
+    assert refused.status_code == 400
+    assert 'data-testid="pause-error"' in refused.content.decode()
+    bulk = _post(
+        operator,
+        "/runs/pause/",
+        {"agent": "demo", "action": "pause", "confirm": "yes", "expected": "1", "reason": reason},
+    )
+    assert bulk.status_code == 400
+    assert 'data-testid="bulk-pause-error"' in bulk.content.decode()
+    assert not Run.objects.get(id=run.run_id).paused
+    assert ThreadCommit.objects.filter(run_id=run.run_id).count() == commits
+
+
+def test_the_paused_time_is_shown_like_the_pages_other_times(operator, approval_run):
+    run, _ticket = approval_run
+    _post(operator, f"/runs/{run.run_id}/pause/", {"reason": "look"})
+    page = operator.get(f"/runs/{run.run_id}/").content.decode()
+    line = page.split('data-testid="paused-line"', 1)[1].split("</span>", 1)[0]
+    assert "<time datetime=" in line and " UTC</time>" in line, line
+    assert "paused by <b>olga</b> at" in line and ": look" in line

@@ -8,6 +8,7 @@ and a provider's 429 with Retry-After pauses the model for every worker.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, defaultdict
 from datetime import timedelta
 
@@ -214,3 +215,99 @@ def test_the_cli_and_metrics_show_each_limits_use(agents, start, command, settin
     text = generate_latest(registry).decode()
     assert 'runtime_limit_runs_running{agent="limited"} 1.0' in text
     assert 'runtime_limit_runs{agent="limited"} 5.0' in text
+
+
+def _backlog(run_id: str, count: int) -> list[str]:
+    """``count`` copies of run ``run_id`` committed before it (cheap: rows, not commits)."""
+    committed_at = Run.objects.get(id=run_id).committed_at
+    assert committed_at is not None
+    first = committed_at - timedelta(hours=1)
+    copies = []
+    for n in range(count):
+        copy = Run.objects.get(id=run_id)
+        copy.id = f"{run_id[:20]}{n:012d}"
+        copy.committed_at = first + timedelta(milliseconds=n)
+        copies.append(copy)
+    Run.objects.bulk_create(copies)
+    return [c.id for c in copies]
+
+
+def test_a_backlog_of_one_key_never_hides_another_keys_run(agents, start):
+    """600 runnable runs of customer A (one driven, A's slot full), then one of customer B:
+    the first claim with a free slot takes B's run, whatever A's backlog."""
+    a_run = start(agent="limited", customer="A")
+    backlog = _backlog(a_run, 600)
+    _leased(backlog[0], seconds=30)
+    b_run = start(agent="limited", customer="B")
+    run_limits = {"limited": RunLimit(runs=RUNS, key="customer", per_key=PER_CUSTOMER)}
+    assert limits.why_waiting(Run.objects.get(id=b_run)) == ""  # nothing holds B back
+    assert limits.why_waiting(Run.objects.get(id=backlog[1])) == (
+        "waiting for a slot: agent limited customer='A', 1 of 1 running"
+    )
+    assert limits.claim_limited(run_limits, 5) == [b_run]
+    _leased(b_run, seconds=30)
+    assert limits.claim_limited(run_limits, 5) == []
+    assert limits.why_waiting(Run.objects.get(id=a_run)) == (
+        "waiting for a slot: agent limited customer='A', 1 of 1 running"
+    )
+
+
+@pytest.mark.parametrize("value", [True, None, {"a": 1}, 7])
+def test_a_key_value_that_is_not_text_names_the_same_key_everywhere(agents, start, value):
+    """The claim and ``why_waiting`` read a run's key with one expression: a true, null,
+    object or number value holds back a second run of that value, and says so."""
+    ids = [start(agent="limited", customer=value) for _ in range(2)]
+    _leased(ids[0], seconds=30)
+    run_limits = {"limited": RunLimit(runs=RUNS, key="customer", per_key=PER_CUSTOMER)}
+    assert limits.claim_limited(run_limits, 5) == []
+    why = limits.why_waiting(Run.objects.get(id=ids[1]))
+    assert why.startswith("waiting for a slot: agent limited customer=") and why.endswith(
+        ", 1 of 1 running"
+    ), why
+
+
+def test_a_429_records_the_pause_before_its_slot_is_free(agents, settings, monkeypatch):
+    """The slot of the request answered 429 is freed in the transaction that records the
+    model's pause: whoever takes the freed slot finds the pause (no request slips through)."""
+    from django.db.models.signals import post_delete
+
+    from runtime.agents import _registry
+    from runtime.models import Limit
+    from runtime.worker import Worker
+
+    with model_server([("ledger_replay", {"key": "m"})]) as server:
+        server.throttle(1, 30.0)
+        monkeypatch.setenv("RUNTIME_TEST_MODEL_URL", server.url)
+        _registry.cache_clear()  # the modeled agent reads the server's URL when loaded
+        settings.RUNTIME_MODEL_LIMITS = {"m": {"concurrency": 1}}
+        run_id = start_run(agent="modeled", input="task")
+        other = start_run(agent="modeled", input="other")
+        _leased(other, seconds=60)  # held by another worker, which asks next
+        Run.objects.filter(id=other).update(lease_owner="other")
+        seen: list[object] = []
+
+        def freed(sender, instance, **kwargs):  # in the transaction that frees the slot
+            seen.append(Limit.objects.get(key="model:m").not_before)
+            seen.append(limits.take_model("m", ModelLimit(concurrency=1), other, 1))
+
+        post_delete.connect(freed, sender=ModelSlot, weak=False, dispatch_uid="limfix")
+        settings.RUNTIME_IDLE_POLL_SECONDS = 0.05
+        worker = Worker(worker_id="inline")
+        serving = threading.Thread(target=worker.run)
+        serving.start()
+        try:
+            wait_for(
+                lambda: "asked for a pause" in Run.objects.get(id=run_id).waiting,
+                timeout=60,
+                what="the run to wait for the model's pause",
+            )
+        finally:
+            worker.stop()
+            serving.join(timeout=60)
+            post_delete.disconnect(sender=ModelSlot, dispatch_uid="limfix")
+            _registry.cache_clear()
+    assert [status for _at, status in server.arrivals] == [429]
+    assert len(seen) >= 2 and seen[0] is not None, seen
+    assert isinstance(seen[1], Wait) and "asked for a pause" in seen[1].reason
+    run = Run.objects.get(id=run_id)
+    assert "asked for a pause" in run.waiting

@@ -113,7 +113,12 @@ def test_refusals_write_nothing(start, work_inline):
     _refused_writes_nothing(
         run_id, lambda: resume_run(run_id, reason="x", idempotency_key="k1"), IdempotencyKeyReused
     )
-    _refused_writes_nothing(run_id, lambda: resume_run(run_id, actor="op"), NotPaused)
+    # The same resume by the same actor (without the key) is answered; another is refused.
+    seen = commit_count(run_row(run_id).thread_id)
+    assert resume_run(run_id, actor="op")["pause"] is None
+    assert commit_count(run_row(run_id).thread_id) == seen
+    _refused_writes_nothing(run_id, lambda: resume_run(run_id, actor="other"), NotPaused)
+    _refused_writes_nothing(run_id, lambda: resume_run(run_id, actor="op", reason="x"), NotPaused)
 
     cancel(run_id, actor="op")
     refused = _refused_writes_nothing(run_id, lambda: pause(run_id, actor="op"), RunEnded)
@@ -216,3 +221,53 @@ def test_paused_runs_gauge(start):
     pause(a, actor="op")
     assert inventory.paused_runs() == 1
     assert Run.objects.runnable(run_row(a).created_at).filter(id=a).count() == 0
+
+
+def test_the_worker_lets_a_paused_run_go_without_waiting_for_its_heartbeat(
+    start, spawn_worker, settings
+):
+    """A pause committed while the model answers (a 30 s answer) is noticed at once, not at
+    the worker's next heartbeat (30 s here): the inference is given up and the run released
+    well before either. PostgreSQL tells the worker process by NOTIFY; on SQLite the worker
+    runs in this process and the commit's signal tells it."""
+    import threading
+
+    from django.db import connection
+
+    from runtime.models import StreamCheckpoint
+    from runtime.worker import Worker
+
+    heartbeat = 30.0
+    words = int(heartbeat)  # a word a second: the answer streams for the heartbeat's length
+    run_id = start({"text": "word " * words, "chunks": words, "delay_ms": 1000})
+    if connection.vendor == "postgresql":
+        owner = spawn_worker(
+            worker_id="owner", RUNTIME_HEARTBEAT_SECONDS=str(heartbeat), RUNTIME_LEASE_SECONDS="90"
+        )
+        stop = None
+    else:
+        settings.RUNTIME_HEARTBEAT_SECONDS = heartbeat
+        settings.RUNTIME_LEASE_SECONDS = 90
+        inline = Worker(worker_id="owner")
+        serving = threading.Thread(target=inline.run)
+        serving.start()
+        stop = inline
+    try:
+        streaming = StreamCheckpoint.objects.filter(run_id=run_id)
+        wait_for(streaming.exists, timeout=60, what="the model's answer to stream")
+        pause(run_id, actor="op")
+        wait_for(
+            lambda: run_row(run_id).lease_owner is None,
+            timeout=heartbeat / 3,
+            what="the worker to let the paused run go before its heartbeat",
+        )
+    finally:
+        if stop is not None:
+            stop.stop()
+            serving.join(timeout=60)
+    if stop is None:
+        code, err = owner.wait(timeout=60)
+        assert code == 0, err
+    row = run_row(run_id)
+    assert (row.state, row.paused, row.step) == ("running", True, 0)  # nothing committed
+    assert_log_sound(run_id)
