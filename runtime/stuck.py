@@ -115,9 +115,9 @@ class Waiting:
     """What a run waits on, since when, in words; and its pending call, when it has one.
 
     ``on``: "resume" (an operator paused it), "ticket" (an approval, an input, a timer, a
-    child), "call" (a call is executing
-    or next to run), "model" (the next inference), "children" (calls awaiting child runs),
-    or "nothing" (ended). ``since`` is the committed moment the wait began. ``call`` is the
+    child), "call" (a call is executing or next to run), "limit" (a slot of a run or model
+    limit, README "Limits"), "model" (the next inference), "children" (calls awaiting child
+    runs), or "nothing" (ended). ``since`` is the committed moment the wait began. ``call`` is the
     first call of the open batch that is not terminal: {"call_id", "index", "name", "phase",
     "attempt", "max_attempts", "started_at"} (``started_at``: its latest attempt's commit).
     """
@@ -208,6 +208,8 @@ def waiting(doc: dict[str, Any], commits: Sequence[ThreadCommit]) -> Waiting:
             return Waiting(on="children", what="its child runs to end", since=last, call=call)
         what = f"a worker to start call #{call['index']} {call['name']}"
         return Waiting(on="call", what=what, since=last, call=call)
+    if doc.get("waiting"):  # held back by a limit (runtime.limits): no model was asked yet
+        return Waiting(on="limit", what=doc["waiting"], since=last)
     return Waiting(on="model", what=f"the model's answer for step {doc['step'] + 1}", since=last)
 
 
