@@ -40,7 +40,8 @@ class ModelServer(ThreadingHTTPServer):
         self.latency = 0.0  # seconds each answer waits before it is sent
         self.throttled = 0  # the next requests answered 429
         self.retry_after = 0.0  # ... with this Retry-After (seconds)
-        self.arrivals: list[tuple[float, int]] = []  # (time.monotonic(), status) per request
+        # (time.monotonic(), status, "user" or "tool": a run's first question or a next one)
+        self.arrivals: list[tuple[float, int, str]] = []
 
     @property
     def url(self) -> str:
@@ -58,12 +59,12 @@ class ModelServer(ThreadingHTTPServer):
         with self.lock:
             self.throttled, self.retry_after = count, retry_after
 
-    def _throttle_now(self) -> bool:
-        """Whether this request is answered 429 (and note its arrival)."""
+    def _throttle_now(self, kind: str) -> bool:
+        """Whether this request (of ``kind``) is answered 429 (and note its arrival)."""
         with self.lock:
             refuse = self.throttled > 0
             self.throttled -= refuse
-            self.arrivals.append((time.monotonic(), 429 if refuse else 200))
+            self.arrivals.append((time.monotonic(), 429 if refuse else 200, kind))
             return refuse
 
     def release(self) -> None:
@@ -131,7 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         kind = "user" if body["messages"][-1]["role"] == "user" else "tool"
-        if self.server._throttle_now():
+        if self.server._throttle_now(kind):
             refusal = json.dumps({"error": {"message": "slow down", "type": "rate_limit"}})
             self.send_response(429)
             self.send_header("Retry-After", f"{self.server.retry_after:g}")

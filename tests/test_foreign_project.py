@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -331,12 +332,15 @@ class Server:
     def __init__(self, site: Host) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
+        # A file, not a pipe: nobody reads runserver's request log while it serves, and a
+        # full pipe would stop the server mid-test.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
         self.process = subprocess.Popen(
             [str(site.python), "manage.py", "runserver", "--noreload", f"127.0.0.1:{self.port}"],
             cwd=site.folder,
             env=site.env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self.log,
         )
         deadline = time.monotonic() + 30
         while True:
@@ -346,13 +350,17 @@ class Server:
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    log = self.process.stderr.read() if self.process.stderr else b""
-                    raise AssertionError(f"runserver did not answer: {log!r}") from None
+                    raise AssertionError(f"runserver did not answer: {self.output()!r}") from None
                 time.sleep(0.1)
+
+    def output(self) -> bytes:
+        self.log.seek(0)
+        return self.log.read()
 
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=10)
+        self.log.close()
 
 
 def approve_in_chromium(base: str, ticket_id: str) -> None:
