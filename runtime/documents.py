@@ -13,8 +13,7 @@ from contextlib import contextmanager
 from functools import wraps
 from typing import Any
 
-from django.db import connection, transaction
-
+from runtime import db
 from runtime.errors import NotFound
 from runtime.limits import why_waiting
 from runtime.models import LateEvidence, MessageRecord, Run, Ticket, ToolCallRecord
@@ -48,21 +47,22 @@ def snapshot() -> Iterator[None]:
     holds the thread's row, so no other commit of the thread lands between the reads.
     Only reads belong in the block.
     """
+    connection = db.wrapper()
     if connection.in_atomic_block:
         yield
         return
     if connection.vendor == "sqlite":
         connection.ensure_connection()
-        mode = connection.transaction_mode  # type: ignore[attr-defined]
-        connection.transaction_mode = "DEFERRED"  # type: ignore[attr-defined]
+        mode = connection.transaction_mode
+        connection.transaction_mode = "DEFERRED"
         try:
-            with transaction.atomic():
-                connection.transaction_mode = mode  # type: ignore[attr-defined]
+            with db.atomic():
+                connection.transaction_mode = mode
                 yield
         finally:
-            connection.transaction_mode = mode  # type: ignore[attr-defined]
+            connection.transaction_mode = mode
         return
-    with transaction.atomic():
+    with db.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         yield

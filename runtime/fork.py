@@ -35,9 +35,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
-
-from runtime import codec, tracing
+from runtime import codec, db, tracing
 from runtime.coordinator import commit
 from runtime.domain.commit import CommitDraft
 from runtime.domain.events import RunForked
@@ -270,7 +268,7 @@ def fork_run(
     messages = _inputs(input)
     fork_id = uuid.uuid4().hex
     thread_id = new_id()
-    with transaction.atomic():
+    with db.atomic():
         source = prefix(run_id, at_step)  # read inside: the prefix cannot change under it
         times = {row.seq: row.created_at for row in source.rows}
         ids = mapping(source, fork_id)

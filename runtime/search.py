@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
 from django.db.models import BooleanField, Exists, OuterRef, Q, QuerySet, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
+from runtime import db
 from runtime.models import MessageRecord, Run, ToolCallRecord
 
 CONFIG = "simple"  # the text search configuration of the queries and of the indexes
@@ -62,7 +62,7 @@ def _matching_text(text: str) -> tuple[QuerySet[Any], QuerySet[Any]]:
     """Messages and calls whose text matches ``text`` (the module's rules per database)."""
     messages = MessageRecord.objects.filter(role__in=SEARCHED_ROLES)
     calls = ToolCallRecord.objects.all()
-    if connection.vendor == "postgresql":
+    if db.connection.vendor == "postgresql":
         # The configuration is in the SQL text, not a parameter, so that the planner matches
         # the indexes' expressions (to_tsvector('simple', column)) even in a generic plan.
         def matches(column: str) -> RawSQL:

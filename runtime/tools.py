@@ -72,8 +72,7 @@ class ToolContext:
         tool whose downstream is this database: an effect written as ``WITH fence AS (...)
         INSERT ... SELECT ... FROM fence`` lands in one statement only while the claim owns
         the run, and no takeover can happen while it runs."""
-        from django.db import connection
-
+        from runtime.db import connection
         from runtime.models import Run
 
         lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
@@ -85,7 +84,7 @@ class ToolContext:
         return sql, [self.run_id, self.worker_id, self.lease_epoch]
 
     def fence(self) -> None:
-        """Inside ``transaction.atomic()``: lock the run's row while this claim owns it, so
+        """Inside ``runtime.db.atomic()``: lock the run's row while this claim owns it, so
         no other worker can take it over before the transaction ends (a claim skips locked
         rows). Raises Fenced when this claim no longer owns the run."""
         if not self._lease().select_for_update().values_list("id", flat=True).first():
@@ -101,9 +100,9 @@ class ToolContext:
         effect is written) when this claim no longer owns the run."""
 
         def fenced() -> T:
-            from django.db import transaction
+            from runtime import db
 
-            with transaction.atomic():
+            with db.atomic():
                 self.fence()
                 return effect()
 

@@ -487,3 +487,56 @@ def test_check_deploy_is_clean_on_the_foreign_project(host: Host):
     host.env["DJANGO_SETTINGS_MODULE"] = "mysite.settings_deploy"
     out = host.manage("check", "--deploy", "--fail-level", "WARNING")
     assert "no issues" in out
+
+
+# README "Configuration": the runtime's tables on a database of their own.
+RUNTIME_ON_ITS_OWN_DATABASE = """
+DATABASES["runtime"] = {runtime}
+RUNTIME_DATABASE = "runtime"
+DATABASE_ROUTERS = ["runtime.db.Router"]
+"""
+
+TABLES_BY_ALIAS = """
+import json
+from django.db import connections
+print(json.dumps({a: connections[a].introspection.table_names() for a in ("default", "runtime")}))
+"""
+
+
+def test_the_runtime_keeps_its_tables_on_the_alias_runtime_database_names(host: Host):
+    """RUNTIME_DATABASE: runs, their documents, search and forks read and write the second
+    database; the host's database gets no runtime table and the host's tables stay on it."""
+    add_the_runtime(host)
+    settings = host.folder / "mysite" / "settings.py"
+    for database in postgres_database(os.environ.get("DATABASE_URL", "")):
+        runtime = database or repr(
+            {"ENGINE": "django.db.backends.sqlite3", "NAME": str(host.folder / "runtime.db")}
+        )
+        settings.write_text(
+            settings.read_text() + RUNTIME_ON_ITS_OWN_DATABASE.format(runtime=runtime)
+        )
+        host.manage("check", "--fail-level", "WARNING")
+        host.manage("migrate", "-v0")
+        host.manage("migrate", "--database", "runtime", "-v0")
+        host.manage("runtime_operator", "alice", "--password", PASSWORD)
+        run_id = host.manage("runtime_start", "--agent", "notes", "--input", "buy milk").strip()
+        host.manage("runtime_worker", "--until-idle", timeout=60)
+        token = host.manage("runtime_token", "alice").strip()
+        server = Server(host)
+        try:
+            ticket = open_ticket(server.base, token, run_id)
+            resume = {"ticket_id": ticket, "kind": "approval", "decision": "approve"}
+            call_api(server.base, token, "POST", f"runs/{run_id}/resume", resume)
+            host.manage("runtime_worker", "--until-idle", timeout=60)
+            document = call_api(server.base, token, "GET", f"runs/{run_id}")
+            assert (document["state"], document["end_cause"]) == ("ended", "natural"), document
+            found = call_api(server.base, token, "GET", "runs?q=milk")["items"]
+            assert [run["id"] for run in found] == [run_id]
+            fork = call_api(server.base, token, "POST", f"runs/{run_id}/fork", {"at_step": 1})
+            assert fork["metadata"]["forked_from"]["run_id"] == run_id, fork
+        finally:
+            server.stop()
+        tables = json.loads(host.run("-c", "import django; django.setup()\n" + TABLES_BY_ALIAS))
+        assert "runtime_run" in tables["runtime"], tables["runtime"]
+        assert not [t for t in tables["default"] if t.startswith("runtime_")], tables["default"]
+        assert "auth_user" in tables["default"]

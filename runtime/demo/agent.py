@@ -8,12 +8,11 @@ import asyncio
 import os
 from typing import Annotated, Any
 
-from django.db import connection
 from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from runtime import conf
+from runtime import conf, db
 from runtime.agents import Agent, ProviderConfig
 from runtime.demo.models import LedgerEffect
 from runtime.domain.model import Effects, Permission, RecoveryPolicy
@@ -30,6 +29,7 @@ def _apply(ctx: ToolContext, key: str, tool_name: str) -> dict[str, Any]:
     stays locked while it runs, so a worker paused mid-effect cannot apply it beside the worker
     that took its run over (ToolContext.fence_sql). Raises Fenced when the claim is gone.
     """
+    connection = db.connection
     table = connection.ops.quote_name(LedgerEffect._meta.db_table)
     fence, params = ctx.fence_sql()
     with connection.cursor() as cursor:

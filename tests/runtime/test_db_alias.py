@@ -60,3 +60,30 @@ def test_a_host_pool_is_left_alone(settings):
     host = SimpleNamespace(alias="default", pool=SimpleNamespace(_check=test))
     check_pool_together(None, host)
     assert host.pool._check is test
+
+
+def test_no_module_of_the_runtime_reaches_the_default_alias_by_name():
+    """Every connection and transaction of the runtime goes through ``runtime.db`` (its alias):
+    ``django.db.connection`` and a bare ``transaction.atomic()`` are the default alias's, and
+    once were used by the run document's snapshot, search and fork (issue 24)."""
+    import ast
+    from pathlib import Path
+
+    import runtime
+
+    package = Path(runtime.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "db.py" and path.parent == package or "migrations" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "django.db":
+                found += [f"{path.name}: connection" for a in node.names if a.name == "connection"]
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr == "atomic"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "transaction"
+            ):
+                found.append(f"{path.name}:{node.lineno}: transaction.atomic")
+    assert found == []
