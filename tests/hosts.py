@@ -42,6 +42,19 @@ execute_from_command_line(["django-admin", *sys.argv[1:]])
 """
 )
 
+# What a host that serves the console's pages, the API and the demo installs.
+CONSOLE_APPS = (
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "runtime",
+    "runtime.demo",
+    "console",
+)
+
 HOST_SETTINGS = """
 SECRET_KEY = "a-host-project-of-its-own-" + "k" * 30
 INSTALLED_APPS = APPS

@@ -9,7 +9,7 @@ import pytest
 from django.db.migrations.loader import MigrationLoader
 
 from runtime.demo.models import LedgerEffect
-from tests.hosts import ROOT, FreshDatabase, Host, fresh_database, ok
+from tests.hosts import CONSOLE_APPS, ROOT, FreshDatabase, Host, fresh_database, ok
 from tests.test_project_extra import CONSOLE_SETTINGS
 
 __all__ = ["fresh_database"]  # the fixture, used by name
@@ -66,15 +66,7 @@ def _console_host(tmp_path, database, urls: str, **settings) -> Host:
     return Host(
         tmp_path,
         database,
-        "django.contrib.contenttypes",
-        "django.contrib.auth",
-        "django.contrib.sessions",
-        "django.contrib.messages",
-        "django.contrib.staticfiles",
-        "django_htmx",
-        "runtime",
-        "runtime.demo",
-        "console",
+        *CONSOLE_APPS,
         urls=urls,
         RUNTIME_AGENTS=["runtime.demo.agent.demo"],
         ALLOWED_HOSTS=["testserver"],

@@ -11,7 +11,16 @@ import tomllib
 
 import pytest
 
-from tests.hosts import MANAGE_WITHOUT, ROOT, Host, clean_env, fresh_database, ok, run
+from tests.hosts import (
+    CONSOLE_APPS,
+    MANAGE_WITHOUT,
+    ROOT,
+    Host,
+    clean_env,
+    fresh_database,
+    ok,
+    run,
+)
 
 __all__ = ["fresh_database"]  # the fixture, used by name
 
@@ -71,15 +80,7 @@ def test_a_host_runs_the_apps_without_either(tmp_path, fresh_database):
     host = Host(
         tmp_path,
         fresh_database,
-        "django.contrib.contenttypes",
-        "django.contrib.auth",
-        "django.contrib.sessions",
-        "django.contrib.messages",
-        "django.contrib.staticfiles",
-        "django_htmx",
-        "runtime",
-        "runtime.demo",
-        "console",
+        *CONSOLE_APPS,
         urls=HOST_URLS,
         RUNTIME_AGENTS=["runtime.demo.agent.demo"],
         **CONSOLE_SETTINGS,

@@ -124,3 +124,14 @@ def test_the_paused_time_is_shown_like_the_pages_other_times(operator, approval_
     line = page.split('data-testid="paused-line"', 1)[1].split("</span>", 1)[0]
     assert "<time datetime=" in line and " UTC</time>" in line, line
     assert "paused by <b>olga</b> at" in line and ": look" in line
+
+
+def test_runtime_resume_of_a_paused_run_says_it_stays_paused(approval_run):
+    """An approval answered while paused is committed and waits for the resume: the
+    command's line says so, not only the run's state."""
+    run, ticket = approval_run
+    call_command("runtime_pause", run.run_id, "--reason", "hold", stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("runtime_resume", run.run_id, "--ticket", ticket, "--approve", stdout=out)
+    assert out.getvalue().startswith(f"run {run.run_id}: running, paused by cli:"), out.getvalue()
+    assert ": hold (version " in out.getvalue()

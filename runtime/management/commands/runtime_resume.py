@@ -7,6 +7,7 @@ import getpass
 from django.core.management.base import CommandError
 
 from runtime.crash import crash_point
+from runtime.documents import paused_line
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.errors import CommittedUnread, RuntimeFault
 from runtime.management.base import RuntimeCommand
@@ -24,7 +25,11 @@ class Command(RuntimeCommand):
         group = parser.add_mutually_exclusive_group(required=True)
         group.add_argument("--approve", action="store_true")
         group.add_argument("--deny", action="store_true")
-        group.add_argument("--input", help="the answer, as JSON")
+        group.add_argument(
+            "--input",
+            help="the answer to an input ticket, as JSON text: '\"yes\"' for a string (quoted"
+            " inside the shell's quotes), '{\"amount\": 5}' for an object",
+        )
         parser.add_argument("--reason", default="")
         parser.add_argument("--idempotency-key")
 
@@ -63,4 +68,7 @@ class Command(RuntimeCommand):
         except RuntimeFault as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from exc
         crash_point("resume_committed")
-        self.stdout.write(f"run {run_id}: {document['state']} (version {document['version']})")
+        paused = f", {line}" if (line := paused_line(document["pause"])) else ""
+        self.stdout.write(
+            f"run {run_id}: {document['state']}{paused} (version {document['version']})"
+        )
