@@ -91,6 +91,13 @@ def provider() -> TracerProvider | None:
     return _provider
 
 
+def shutdown() -> None:
+    """Export the spans still buffered and stop tracing; for a process about to leave with
+    ``os._exit``, which runs none of the SDK's own exit hooks (``runtime.management.base``)."""
+    if _provider is not None:
+        _provider.shutdown()
+
+
 def use_provider(new: TracerProvider | None) -> None:
     """Trace into ``new`` from now on (None: off). For tests and embedding applications."""
     global _configured, _provider

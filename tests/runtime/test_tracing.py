@@ -111,3 +111,19 @@ def test_the_console_links_a_traced_run(spans, start, work_inline, settings):
     assert f'href="https://tempo.example/trace/{run_id}"' in page
     settings.RUNTIME_TRACE_URL = ""
     assert "tempo.example" not in client.get(f"/runs/{run_id}/").content.decode()
+
+
+def test_a_worker_process_exports_its_spans_before_it_leaves(start, spawn_worker):
+    """A stopped worker leaves with ``os._exit`` (runtime.management.base.leave), which runs
+    no exit hook of the SDK: its batched spans are exported first, so the run's trace is
+    complete on the exporter (here the console's, on the worker's stdout)."""
+    run_id = start(text_step("done"))
+    worker = spawn_worker(OTEL_TRACES_EXPORTER="console", OTEL_BSP_SCHEDULE_DELAY="600000")
+    code, err = worker.wait()
+    assert code == 0, err
+    assert err.rstrip().endswith("stopped"), err
+    assert run_row(run_id).state == "ended"
+    exported = worker.stdout
+    for name in ("run.drive", "step 1", "chat default"):
+        assert f'"name": "{name}"' in exported, exported[-2000:]
+    assert f'"trace_id": "0x{run_id}"' in exported

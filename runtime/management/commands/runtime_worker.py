@@ -16,6 +16,7 @@ from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
 
 class Command(RuntimeCommand):
     help = "Claim runnable runs and drive them. First SIGTERM/SIGINT stops gracefully."
+    leaves_at_exit = True  # runtime.management.base.leave: a stopped worker exits at once
 
     def add_arguments(self, parser):
         parser.add_argument(
