@@ -1,18 +1,31 @@
 """Serving under load (issue 12, item 8): GET /runs latency while 50 SSE clients stream.
 
-    .venv/bin/python bench/serve_load.py                       # SQLite, processes=auto
-    .venv/bin/python bench/serve_load.py --processes 1 --seconds 30
+    .venv/bin/python bench/serve_load.py                       # SQLite, runtime_serve
+    .venv/bin/python bench/serve_load.py --seconds 30
     REDIS_URL=redis://127.0.0.1:6379/5 .venv/bin/python bench/serve_load.py \\
-        --database-url postgres://postgres@127.0.0.1:5432/rt_serve_bench
+        --database-url postgres://postgres@127.0.0.1:5432/rt_serve_bench --servers 2
+    REDIS_URL=... .venv/bin/python bench/serve_load.py --database-url ... --servers 2 \\
+        --asgi bench.stock_asgi:application      # the same, with Django's stock ASGI handler
 
 Bounded and loopback only. It migrates a fresh database (a SQLite file in a temporary
 directory by default; a PostgreSQL database is used as given), creates a user with an API
 token and ``--sse`` runs of the demo agent whose scripted model streams text for a few
-seconds and then waits for an approval, starts ``manage.py runtime_serve`` (with its
-in-process worker) on a free loopback port, and then, for ``--seconds``:
+seconds and then waits for an approval, starts the server on free loopback ports, and then,
+for ``--seconds``:
 
 - ``--sse`` clients each follow one run's ``/events?live=1`` (time to the first byte is kept);
 - ``--pollers`` clients each ``GET /runs?limit=50`` every ``--interval`` seconds.
+
+The server is, by default, ``manage.py runtime_serve`` (one process, with its in-process
+worker). With ``--servers N`` it is the documented way to run several server processes
+(README, "Several server processes"): N ``daphne`` processes (one per port, as
+``deploy/runtime-web@.service`` runs them) serving ``--asgi`` (``console.asgi:application``
+by default; ``bench.stock_asgi:application`` is the same application around Django's stock
+ASGI handler), one ``manage.py runtime_worker`` process, and nginx in front (a configuration
+written into the temporary directory, modelled on ``deploy/nginx.conf``: ``least_conn`` over
+the N ports, WebSocket upgrades, no buffering; one nginx worker process), which the clients
+connect to. nginx must be installed (Debian: ``apt-get install nginx-light``); set
+``REDIS_URL`` so that live deltas cross processes, as in production.
 
 The stream clients run in a client process of their own, started together with the pollers
 (both wait for one wall-clock instant): in one process, the client's event loop opened 70
@@ -30,12 +43,15 @@ import argparse
 import asyncio
 import json
 import os
+import pwd
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -191,10 +207,148 @@ async def measure(base: str, token: str, runs: list[str], args: argparse.Namespa
     }
 
 
+NGINX_CONF = """
+# Written by bench/serve_load.py, modelled on deploy/nginx.conf (no TLS: loopback only).
+{user}
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/nginx-body;
+    proxy_temp_path {tmp}/nginx-proxy;
+    fastcgi_temp_path {tmp}/nginx-fastcgi;
+    uwsgi_temp_path {tmp}/nginx-uwsgi;
+    scgi_temp_path {tmp}/nginx-scgi;
+    upstream runtime_web {{
+        least_conn;
+{servers}
+        keepalive 16;
+    }}
+    map $http_upgrade $connection_upgrade {{
+        default upgrade;
+        ""      "";
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        client_max_body_size 2m;
+        location / {{
+            proxy_pass http://runtime_web;
+            proxy_http_version 1.1;
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Request-ID $request_id;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection $connection_upgrade;
+            proxy_buffering off;
+            proxy_read_timeout 3600s;
+        }}
+    }}
+}}
+"""
+
+
+def find_nginx() -> str:
+    """The nginx binary (on PATH, or Debian's /usr/sbin/nginx); exits with what to install."""
+    found = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
+    if found is None:
+        raise SystemExit(
+            "--servers puts nginx in front of the daphne processes, as deploy/nginx.conf does,"
+            " and nginx is not installed: apt-get install nginx-light (Debian), or put nginx"
+            " on PATH"
+        )
+    return found
+
+
+def nginx_conf(tmp: Path, port: int, upstreams: list[int]) -> Path:
+    """Write the bench's nginx configuration (NGINX_CONF) into ``tmp``; return its path. Run
+    as root, nginx's workers run as root too (the user running the bench, as they would for
+    anyone else), so that they can write the temporary directory."""
+    user = f"user {pwd.getpwuid(0).pw_name};" if os.geteuid() == 0 else ""
+    servers = "\n".join(f"        server 127.0.0.1:{p};" for p in upstreams)
+    path = tmp / "nginx.conf"
+    path.write_text(NGINX_CONF.format(user=user, tmp=tmp, servers=servers, port=port))
+    return path
+
+
+def wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    """Wait until something accepts connections on loopback ``port``; exit with ``log``'s
+    text if ``process`` exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"nothing listens on {port}:\n{log.read_text()}") from None
+            time.sleep(0.2)
+
+
+def start(stack: ExitStack, command: list[str], env: dict[str, str], log: Path):
+    """Start ``command`` from the repository's root, its output in ``log``; it is stopped
+    (SIGTERM, then SIGKILL after 30 s) when ``stack`` closes."""
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+
+    def stop() -> None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    stack.callback(stop)
+    return process
+
+
+def serve(stack: ExitStack, args: argparse.Namespace, env: dict[str, str], tmp: Path) -> tuple:
+    """Start the server ``args`` asks for; return its base URL and its logs."""
+    if not args.servers:
+        port = free_port()
+        log = tmp / "serve.log"
+        command = [sys.executable, "manage.py", "runtime_serve", "--port", str(port)]
+        server = start(stack, [*command, "--max-inflight", "4"], env, log)
+        wait_for_port(port, server, log)
+        return f"http://127.0.0.1:{port}", [log]
+    nginx = find_nginx()
+    ports, logs = [free_port() for _ in range(args.servers)], []
+    for index, port in enumerate(ports):
+        log = tmp / f"daphne-{index}.log"
+        daphne = [sys.executable, "-m", "daphne", "--bind", "127.0.0.1", "--port", str(port)]
+        server = start(stack, [*daphne, "--proxy-headers", args.asgi], env, log)
+        logs.append(log)
+        wait_for_port(port, server, log)
+    worker = [sys.executable, "manage.py", "runtime_worker", "--max-inflight", "4"]
+    logs.append(tmp / "worker.log")
+    start(stack, worker, env, logs[-1])
+    port = free_port()
+    conf = nginx_conf(tmp, port, ports)
+    logs.append(tmp / "nginx.log")
+    # -e: its errors on stderr (its log here) from the start, before the configuration is read.
+    command = [nginx, "-p", str(tmp), "-c", str(conf), "-e", "stderr"]
+    proxy = start(stack, [*command, "-g", "daemon off;"], env, logs[-1])
+    wait_for_port(port, proxy, logs[-1])
+    return f"http://127.0.0.1:{port}", logs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"))
-    parser.add_argument("--processes", default="auto")
+    parser.add_argument(
+        "--servers",
+        type=int,
+        default=0,
+        help="N daphne processes, a runtime_worker and nginx (default: runtime_serve alone)",
+    )
+    parser.add_argument(
+        "--asgi",
+        default="console.asgi:application",
+        help="the application of --servers' daphne processes (MODULE:ATTR)",
+    )
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--sse", type=int, default=50)
     parser.add_argument("--pollers", type=int, default=20)
@@ -209,7 +363,21 @@ def main() -> None:
         return
     if not 1 <= args.seconds <= 600:
         raise SystemExit("--seconds is between 1 and 600")
-    with tempfile.TemporaryDirectory() as tmp:
+    if not 0 <= args.servers <= 16:
+        raise SystemExit("--servers is between 1 and 16 (0: runtime_serve alone)")
+    if not args.servers and args.asgi != parser.get_default("asgi"):
+        raise SystemExit(
+            "--asgi picks the application of --servers N (runtime_serve serves ASGI_APPLICATION)"
+        )
+    if args.servers:
+        find_nginx()  # before anything is set up
+        if not os.environ.get("REDIS_URL"):
+            print(
+                "serve_load: REDIS_URL is unset, so live deltas stay in the worker's process"
+                " (the streams still get commits); production sets it",
+                file=sys.stderr,
+            )
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         env = dict(os.environ, DJANGO_SETTINGS_MODULE="console.settings", PYTHONUNBUFFERED="1")
         env["DATABASE_URL"] = args.database_url or f"sqlite:///{tmp}/bench.sqlite3"
         env.setdefault("RUNTIME_LOG_LEVEL", "WARNING")
@@ -218,37 +386,22 @@ def main() -> None:
         manage(env, "migrate", "--noinput", "-v0")
         env["BENCH_SETUP"] = json.dumps({"runs": args.sse, "steps": [STREAM_THEN_APPROVAL]})
         made = json.loads(manage(env, "shell", "-c", SETUP).splitlines()[-1])
-        port = free_port()
-        log = Path(tmp) / "serve.log"
-        command = [sys.executable, "manage.py", "runtime_serve", "--port", str(port)]
-        command += ["--processes", args.processes, "--max-inflight", "4"]
-        with log.open("w") as out:
-            server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                    break
-                except OSError:
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit(f"no server:\n{log.read_text()}") from None
-                    time.sleep(0.2)
-            report = asyncio.run(
-                measure(f"http://127.0.0.1:{port}", made["token"], made["runs"], args)
-            )
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+        base, logs = serve(stack, args, env, Path(tmp))
+        report = asyncio.run(measure(base, made["token"], made["runs"], args))
+        stack.close()  # every server process has stopped: their logs are complete
         report["setup"] = {
             "database": env["DATABASE_URL"].split("@")[-1],
-            "processes": args.processes,
+            "server": (
+                f"{args.servers} daphne ({args.asgi}) + runtime_worker behind nginx"
+                if args.servers
+                else "runtime_serve (one process, in-process worker)"
+            ),
             "channel_layer": "redis" if env.get("REDIS_URL") else "in-memory",
             "sse": args.sse,
             "pollers": args.pollers,
             "interval_s": args.interval,
             "seconds": args.seconds,
-            "server": log.read_text().splitlines()[:3],
+            "logs": {log.name: log.read_text().splitlines()[:3] for log in logs},
         }
         print(json.dumps(report, indent=2))
 

@@ -21,6 +21,14 @@ of ``RUNTIME_REQUEST_THREADS`` threads (default 8, no more than the connection p
 and the other requests wait their turn in order. A request thread gives its database
 connections back when its chain returns, as Django does when a request finishes.
 
+The handler replaces the chain that Django's ``load_middleware`` stores in the private
+``_middleware_chain`` (what ``get_response_async`` awaits). A Django release that builds or
+calls the chain differently would make the override silently do nothing, so
+``tests/api/test_serving.py`` serves a request through the handler and fails unless a
+middleware and a sync view ran on one request thread with no hand-over between them.
+``bench/stock_asgi.py`` is the same application around Django's stock handler (``router``
+takes either), for ``bench/serve_load.py --asgi`` to measure what the override buys.
+
 The channel layer is made here, at start-up: made by the first stream, it imported its
 backend (channels_redis, redis: about a third of a second) on the event loop, while 50
 streams and 20 pollers that had just connected waited. Last, what start-up made (Django,
@@ -31,15 +39,22 @@ again, and under load each one stopped the process for a tenth of a second or mo
 
 import gc
 import os
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponseBase
 
+if TYPE_CHECKING:
+    from channels.routing import ProtocolTypeRouter
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+# An ASGI 3 application: ``await app(scope, receive, send)``.
+ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 
 class OneHopASGIHandler(ASGIHandler):
@@ -73,46 +88,55 @@ def django_application() -> OneHopASGIHandler:
     return OneHopASGIHandler()
 
 
-django_asgi_app = django_application()
+def router(django_app: ASGIApp) -> "ProtocolTypeRouter":
+    """The console's ASGI application around ``django_app``, the ASGI application Django's
+    HTTP requests go through (``django_application()`` here, Django's stock handler in
+    ``bench/stock_asgi.py``): the console's liveness URL (``console:healthz``, ``/healthz``
+    here) answered on the event loop, other HTTP requests through ``django_app``, WebSockets
+    through Channels. Call it after ``django.setup()``. It also makes the channel layer and
+    installs ``console.oversized`` (the start-up work the module's docstring describes)."""
+    from channels.auth import AuthMiddlewareStack
+    from channels.layers import get_channel_layer
+    from channels.routing import ProtocolTypeRouter, URLRouter
+    from channels.security.websocket import AllowedHostsOriginValidator
+    from django.urls import reverse
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.layers import get_channel_layer  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.urls import reverse  # noqa: E402
+    from console import health, oversized
+    from console.routing import websocket_urlpatterns
 
-from console import health, oversized  # noqa: E402
-from console.routing import websocket_urlpatterns  # noqa: E402
+    get_channel_layer()  # made (and its backend imported) now, not by the first stream
+    # daphne makes its HTTP factory after it imported this module, whichever command started
+    # it (runtime_serve, the Procfile's daphne): a head too large to read is answered 414 / 431.
+    oversized.install()
+    # The console's liveness URL wherever the URL map mounts it (``/healthz`` here): reversed
+    # once, at start-up, and answered on the event loop.
+    healthz_path = reverse("console:healthz")
 
-get_channel_layer()  # made (and its backend imported) now, not by the first stream
-# daphne makes its HTTP factory after it imported this module, whichever command started it
-# (runtime_serve, the Procfile's daphne): a head too large to read is answered 414 / 431.
-oversized.install()
+    async def http_application(scope: dict, receive: Any, send: Any) -> None:
+        """The liveness URL on the event loop (console.health says why); the rest through
+        Django."""
+        if scope["path"] == healthz_path:
+            await health.healthz(scope, receive, send)
+        else:
+            await django_app(scope, receive, send)
+
+    return ProtocolTypeRouter(
+        {
+            "http": http_application,
+            "websocket": AllowedHostsOriginValidator(
+                AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            ),
+        }
+    )
 
 
-# The console's liveness URL wherever the URL map mounts it (``/healthz`` here): reversed
-# once, at start-up, and answered on the event loop.
-HEALTHZ_PATH = reverse("console:healthz")
+def freeze_startup() -> None:
+    """Keep what start-up made out of every later garbage collection: it lives as long as the
+    process. Start-up's garbage is collected once first (the Python docs' use of
+    ``gc.freeze``)."""
+    gc.collect()
+    gc.freeze()
 
 
-async def http_application(scope: dict, receive: Any, send: Any) -> None:
-    """``HEALTHZ_PATH`` on the event loop (console.health says why); the rest through Django."""
-    if scope["path"] == HEALTHZ_PATH:
-        await health.healthz(scope, receive, send)
-    else:
-        await django_asgi_app(scope, receive, send)
-
-
-application = ProtocolTypeRouter(
-    {
-        "http": http_application,
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
-    }
-)
-
-# What start-up made lives as long as the process: collect start-up's garbage once, then keep
-# the rest out of every later collection (the Python docs' use of gc.freeze).
-gc.collect()
-gc.freeze()
+application = router(django_application())
+freeze_startup()

@@ -6,15 +6,22 @@ here are fixtures that return functions (STYLE.md).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import socket
+import subprocess
+import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.subprocesses import DEFAULT_REDIS_URL, redis_url_of_worker
+from tests.servers import free_port
+from tests.subprocesses import DEFAULT_REDIS_URL, redis_url_for_tests, redis_url_of_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -199,7 +206,8 @@ def _what_the_run_uses(config: pytest.Config) -> list[str]:
     else:
         redis = (
             f"test Redis: {urls} for the browser tests; RUNTIME_TEST_REDIS_URL is unset, so the "
-            "Redis readiness test skips and the e2e test starts a private redis-server"
+            "Redis readiness test skips and the tests with processes that share a channel layer"
+            " (e2e, several servers) start a private redis-server"
         )
     lines = [where, redis]
     if workers != [""]:
@@ -301,3 +309,53 @@ def announcements():
     commit_announced.connect(receiver, weak=False)
     yield heard
     commit_announced.disconnect(receiver)
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """A Redis for the channel layer of subprocesses (workers, servers): RUNTIME_TEST_REDIS_URL
+    (this xdist worker's own database), or else a private redis-server on a free port, stopped
+    after the test. Skips the test when neither is there."""
+    configured = redis_url_for_tests()  # this xdist worker's own database
+    if configured:
+        yield configured
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip(
+            "live deltas across processes need Redis: install redis-server or set "
+            "RUNTIME_TEST_REDIS_URL"
+        )
+    port = free_port()
+    with (tmp_path / "redis.log").open("wb") as log:
+        redis = subprocess.Popen(
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(tmp_path),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            assert redis.poll() is None and time.monotonic() < deadline, (
+                f"redis-server did not start:\n{(tmp_path / 'redis.log').read_text()}"
+            )
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        redis.terminate()
+        redis.wait(timeout=10)

@@ -96,7 +96,7 @@ def test_a_head_too_large_is_answered_by_the_server(make_user, subprocess_env, t
     _, token = make_user("sam", "read", "operate")
     port = free_port()
     command = [sys.executable, "manage.py", "runtime_serve", "--no-worker", "--skip-checks"]
-    command += ["--processes", "1", "--port", str(port)]
+    command += ["--port", str(port)]
     if server == "daphne":
         command = daphne_command(port)
     with serving(subprocess_env, tmp_path / "serve.log", command=command, port=port) as url:

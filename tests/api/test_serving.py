@@ -5,12 +5,14 @@ the streams of one token one access check per ACCESS_FRESH, not one per stream (
 streams do not eat the CPU that requests need); a request is answered while the streams'
 own reads are stuck (the commit log locked with PostgreSQL's ``LOCK TABLE``), so nothing a
 stream reads can queue a request of the same process; an open stream holds no database
-connection; a request crosses from the event loop to its thread once.
+connection; a request crosses from the event loop to its thread once, and a test fails if a
+Django release stops honouring the override that makes it so (``console.asgi``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from typing import Any
@@ -19,8 +21,11 @@ import httpx
 import pytest
 from asgiref.sync import SyncToAsync, sync_to_async
 from asgiref.testing import ApplicationCommunicator
+from django.core.handlers.asgi import ASGIHandler
 from django.db import connection, connections, transaction
 from django.db.backends.signals import connection_created
+from django.http import HttpRequest, HttpResponse
+from django.urls import path
 
 from console.api.events import POLL_SECONDS, stream_run
 from console.asgi import OneHopASGIHandler
@@ -190,6 +195,74 @@ def test_the_middleware_chain_is_entered_once_per_request() -> None:
     assert not asyncio.iscoroutinefunction(chain.func)  # ... of the whole sync chain
     view_middleware = handler._view_middleware  # Django's would be adapted to async
     assert view_middleware and not any(asyncio.iscoroutinefunction(m) for m in view_middleware)
+
+
+class ProbeMiddleware:
+    """A sync middleware, first in the chain, that notes the thread it runs on."""
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        request.probe = {"middleware": threading.current_thread().name}  # type: ignore[attr-defined]
+        return self.get_response(request)
+
+
+def probe_view(request: HttpRequest) -> HttpResponse:
+    """A sync view: notes its thread, and the modules of the frames between it and the
+    probe middleware's call on its stack (None: the middleware is not on this thread's
+    stack, so the request was handed over between them)."""
+    frame, between = inspect.currentframe(), []
+    while frame is not None and frame.f_code is not ProbeMiddleware.__call__.__code__:
+        between.append(frame.f_globals.get("__name__", ""))
+        frame = frame.f_back
+    probe = request.probe  # type: ignore[attr-defined]
+    probe["view"] = threading.current_thread().name
+    probe["between"] = between if frame is not None else None
+    PROBES.append(probe)
+    return HttpResponse("probed")
+
+
+PROBES: list[dict[str, Any]] = []
+urlpatterns = [path("probe/", probe_view)]  # ROOT_URLCONF in the test below
+
+
+async def probe(handler: Any) -> dict[str, Any]:
+    """Serve ``GET /probe/`` through ``handler``; return what the middleware and view saw."""
+    PROBES.clear()
+    scope = {**list_runs_scope(""), "path": "/probe/", "raw_path": b"/probe/"}
+    scope["query_string"], scope["headers"] = b"", [(b"host", b"testserver")]
+    app = ApplicationCommunicator(handler, scope)
+    await app.send_input({"type": "http.request", "body": b""})
+    start = await app.receive_output(10)
+    body = await app.receive_output(10)
+    await app.wait(10)
+    assert (start["status"], body["body"]) == (200, b"probed")
+    (seen,) = PROBES
+    return seen
+
+
+@pytest.mark.asyncio
+async def test_the_one_hop_override_still_takes_hold_in_this_django(settings) -> None:
+    """OneHopASGIHandler replaces ``_middleware_chain``, which Django's ``load_middleware``
+    builds and ``get_response_async`` awaits (both private): if a Django release builds or
+    calls the chain otherwise, the override does nothing and this fails. The whole chain and
+    a sync view run on one of the request threads, the view called from within the chain
+    (no asgiref hand-over between them). Django's stock handler, probed the same way, shows
+    what a hand-over looks like to the probe."""
+    settings.MIDDLEWARE = [f"{__name__}.ProbeMiddleware", *settings.MIDDLEWARE]
+    settings.ROOT_URLCONF = __name__
+    try:
+        ours = await probe(OneHopASGIHandler())
+        stock = await probe(ASGIHandler())
+    finally:
+        await sync_to_async(connections.close_all)()
+    assert ours["middleware"] == ours["view"] and ours["view"].startswith("request"), ours
+    assert ours["between"] is not None, "the view was not called from within the chain"
+    assert not [m for m in ours["between"] if m.startswith("asgiref")], ours["between"]
+    # Django's own: the view reached through asgiref (async_to_sync, then sync_to_async).
+    assert stock["between"] is None or any(m.startswith("asgiref") for m in stock["between"])
+    assert not stock["view"].startswith("request"), stock
 
 
 def list_runs_scope(token: str) -> dict[str, Any]:

@@ -80,24 +80,3 @@ def test_migrate_creates_no_group_and_bootstrap_is_how_a_project_asks():
     assert not get_user_model().objects.exists()
     run("runtime_bootstrap", "--groups-only")  # again: nothing new
     assert Group.objects.count() == 3
-
-
-def test_the_server_starts_its_children_without_a_manage_py(tmp_path):
-    """runtime_serve's children are started with ``python -m django`` and the settings module,
-    from any folder: nothing looks for manage.py beside the installed package."""
-    import subprocess
-    import sys
-
-    from console.management.commands.runtime_serve import child_command
-
-    command, env = child_command()
-    assert command[:3] == [sys.executable, "-m", "django"] and "manage.py" not in command
-    done = subprocess.run(
-        [*command[:3], "check", *command[4:]],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr

@@ -46,7 +46,6 @@ import html
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -63,7 +62,6 @@ import pytest
 
 from tests.api.sse import Event, parse
 from tests.providers.replay import ReplayServer, Reply, Seen, load_fixture
-from tests.subprocesses import redis_url_for_tests
 
 pytestmark = pytest.mark.slow
 
@@ -383,54 +381,6 @@ def conversation() -> Iterator[Conversation]:
     with server:
         yield server
     assert server.errors == [], "the replay server itself failed"
-
-
-@pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
-    """A Redis for the channel layer: RUNTIME_TEST_REDIS_URL, or a private redis-server."""
-    configured = redis_url_for_tests()  # this xdist worker's own database
-    if configured:
-        yield configured
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip(
-            "a worker process's live deltas need Redis: install redis-server or set "
-            "RUNTIME_TEST_REDIS_URL"
-        )
-    port = free_port()
-    with (tmp_path / "redis.log").open("wb") as log:
-        redis = subprocess.Popen(
-            [
-                binary,
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(tmp_path),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            assert redis.poll() is None and time.monotonic() < deadline, (
-                f"redis-server did not start:\n{(tmp_path / 'redis.log').read_text()}"
-            )
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        redis.terminate()
-        redis.wait(timeout=10)
 
 
 @pytest.fixture

@@ -1,38 +1,22 @@
-"""``runtime_serve``'s processes: a child that dies is started again; children die with the
-first process; IPv6 addresses are served (each a real process, really killed)."""
+"""``runtime_serve`` is one process: it serves IPv4 and IPv6 addresses (a busy port on either
+stops it before a worker registers), refuses ``--processes`` with the way to run several,
+and refuses a database it cannot serve from (each a real process)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import sys
 
 import httpx
 import pytest
+from django.core.management import CommandError, call_command
 
+from console.management.commands.runtime_serve import endpoint
+from runtime.models import WorkerProcess
 from tests.runtime.support import wait_for
 from tests.servers import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def children_of(pid: int) -> set[int]:
-    """The live children of ``pid``, whichever of its threads started them."""
-    found = set()
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as listed:
-            found |= {int(child) for child in listed.read().split()}
-    return {child for child in found if alive(child)}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead, whatever kill says
-        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def answers(url: str) -> bool:
@@ -42,40 +26,60 @@ def answers(url: str) -> bool:
         return False
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc; the parent-death signal")
-def test_a_dead_child_is_replaced_and_children_die_with_the_first_process(manage) -> None:
-    port = free_port()
-    served = manage("runtime_serve", "--port", str(port), "--processes", "3", "--no-worker")
-    wait_for(lambda: answers(f"http://127.0.0.1:{port}/healthz"), what="the server")
-    first = wait_for(lambda: len(children_of(served.pid)) == 2 and children_of(served.pid))
-
-    victim = min(first)
-    os.kill(victim, signal.SIGKILL)
-    wait_for(lambda: "exited with code -9; starting another" in served.stderr, what="a restart")
-    now = wait_for(lambda: len(children_of(served.pid)) == 2 and children_of(served.pid))
-    assert victim not in now and first - {victim} <= now
-
-    served.signal(signal.SIGKILL)  # no chance to stop its children itself
-    wait_for(lambda: not any(alive(child) for child in now), what="the children to die")
-    with pytest.raises(OSError):  # nothing serves the port any more
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-
-
-def test_an_ipv6_address_is_served(manage) -> None:
+def ipv6_port() -> int:
+    """A free port on the IPv6 loopback; skips the test where there is none."""
     try:
         with socket.socket(socket.AF_INET6) as probe:
             probe.bind(("::1", 0))
-            port = probe.getsockname()[1]
+            return probe.getsockname()[1]
     except OSError:
         pytest.skip("no IPv6 loopback here")
-    served = manage(
-        "runtime_serve", "--host", "::1", "--port", str(port), "--processes", "2", "--no-worker"
-    )
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "expected"),
+    [
+        ("127.0.0.1", 8000, "tcp:port=8000:interface=127.0.0.1:backlog=1024"),
+        ("0.0.0.0", 0, "tcp:port=0:interface=0.0.0.0:backlog=1024"),
+        ("::1", 8000, r"tcp6:port=8000:interface=\:\:1:backlog=1024"),
+        ("[::]", 8001, r"tcp6:port=8001:interface=\:\::backlog=1024"),
+    ],
+)
+def test_the_endpoint_is_twisteds_documented_tcp_or_tcp6(host, port, expected) -> None:
+    assert endpoint(host, port) == expected
+
+
+def test_an_ipv6_address_is_served(manage) -> None:
+    port = ipv6_port()
+    served = manage("runtime_serve", "--host", "::1", "--port", str(port), "--no-worker")
     wait_for(lambda: answers(f"http://[::1]:{port}/healthz"), what="the server on ::1")
+    assert f"http://[::1]:{port}/" in served.stdout
     served.signal(signal.SIGTERM)
     code, err = served.wait(30)
     assert code == 0, err
     assert "Listen failure" not in err
+
+
+def test_a_busy_ipv6_port_stops_runtime_serve_before_a_worker_registers(manage) -> None:
+    port = ipv6_port()
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.bind(("::1", port))
+        taken.listen()
+        served = manage("runtime_serve", "--host", "::1", "--port", str(port))
+        code, err = served.wait(60)
+    assert code == 1
+    assert f"cannot listen on ::1:{port}" in err
+    assert "running in-process" not in served.stdout
+    assert not WorkerProcess.objects.exists()
+
+
+def test_processes_is_refused_with_the_way_to_run_several() -> None:
+    with pytest.raises(CommandError) as refused:
+        call_command("runtime_serve", "--processes", "2")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert 'README, "Several server processes"' in message
+    assert "daphne" in message and "REDIS_URL" in message and "runtime_worker" in message
 
 
 @pytest.mark.parametrize(

@@ -200,7 +200,7 @@ def test_a_busy_port_stops_runtime_serve_before_a_worker_registers(manage):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        served = manage("runtime_serve", "--port", str(port), "--processes", "1")
+        served = manage("runtime_serve", "--port", str(port))
         code, err = served.wait(60)
     assert code != 0
     assert f"cannot listen on 127.0.0.1:{port}" in err
@@ -209,15 +209,11 @@ def test_a_busy_port_stops_runtime_serve_before_a_worker_registers(manage):
     assert not WorkerProcess.objects.exists()
 
 
-@pytest.mark.parametrize(
-    ("processes", "signum"), [("1", signal.SIGTERM), ("2", signal.SIGINT)], ids=["1-TERM", "2-INT"]
-)
-def test_runtime_serve_stops_its_worker_like_runtime_worker(
-    start, manage, fast_leases, processes, signum
-):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_runtime_serve_stops_its_worker_like_runtime_worker(start, manage, fast_leases, signum):
     run_id = start(tool_step(("slow", {"seconds": 30})), text_step())
     port = _free_port()
-    served = manage("runtime_serve", "--port", str(port), "--processes", processes)
+    served = manage("runtime_serve", "--port", str(port))
     owner = wait_for(lambda: run_row(run_id).lease_owner, what="the in-process worker's claim")
     wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), what="the server to answer")
     assert WorkerProcess.objects.get(id=owner).pid == served.pid

@@ -1,57 +1,45 @@
-"""``manage.py runtime_serve``: the console, the API and an in-process worker.
+"""``manage.py runtime_serve``: the console, the API and an in-process worker, in one process.
 
-daphne serves HTTP and WebSockets; a worker drives runs on threads of the first process (its
-commits wake it through the in-process signal). Under ASGI, Django answers requests on
-threads (``console.asgi``), but the threads of a process share one interpreter, so a process
-uses about one core however many requests it has: with ``--processes N`` the command binds the
-listening socket once and serves the address from N daphne processes (the first one, plus
-N-1 children started with ``--fd``). On Linux each child binds a socket of its own to the
-same address (``SO_REUSEPORT``) and the kernel deals new connections among the sockets
-evenly; a shared socket would go to whichever process woke first, and that one took nearly
-every connection of a burst (70 clients at once: 44 of them to one of two processes). Other
-platforms share the one socket. The
-default ``auto`` serves with one process per CPU (at most 4) when the channel layer is
-shared (``REDIS_URL``) and the platform can hand a socket to a child (POSIX); with the
-in-memory layer it serves with one, because live deltas published in one process reach only
-the viewers connected to that same process.
+The one-command server for development and for embedding (``scripts/start`` runs it): one
+daphne process serves HTTP and WebSockets, and a worker drives runs on threads of the same
+process (its commits wake it through the in-process signal). A process answers its requests
+on threads that share one interpreter, so it uses about one core. Several server processes
+are run the standard way instead: one daphne process per port under a process manager
+(``deploy/runtime-web@.service``), behind a reverse proxy (``deploy/nginx.conf``), with the
+Redis channel layer (``REDIS_URL``) and ``runtime_worker`` processes (README, "Several server
+processes"). ``--processes`` is refused with that pointer.
 
-Each process opens its database connection pool before it serves (``runtime.db.open_pool``),
-so the first requests after a start do not wait for connections made one at a time. Once
-stopped, it exits at once (``leave``): a request thread left waiting (for the stopped event
-loop, or for a connection to a database that went away) must not hold the exit. The command
-refuses to start when the database cannot be reached or has unapplied migrations
-(``database_problem``). On Linux a child that dies is started again (``Children``) and a
-child dies with the first process (``die_with``).
+daphne listens first, on Twisted's documented ``tcp:`` endpoint (``tcp6:`` for an IPv6 host):
+a busy port stops the command (exit 1, with a message naming the address) before a worker
+registers, because the connection pool opens and the worker starts only from daphne's
+``ready_callable``, which it calls once it holds the port. The command refuses to start when
+the database cannot be reached or has unapplied migrations (``database_problem``).
 
-The address is bound before anything else starts: a busy port stops the command (exit 1, with
-a message naming the address) before a worker registers. Stop with Ctrl-C or SIGTERM: the
-children and the server stop, then the worker stops as ``runtime_worker`` does (it finishes
-its current boundary, releases its leases and records the stop); a second signal exits at once.
+Stop with Ctrl-C or SIGTERM: the server stops, then the worker stops as ``runtime_worker``
+does (it finishes its current boundary, releases its leases and records the stop); a second
+signal exits at once. Once stopped, the process exits at once (``leave``): a request thread
+left waiting (for the stopped event loop, or for a connection to a database that went away)
+must not hold the exit.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import importlib
 import logging
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
-from pathlib import Path
 from typing import Any, NoReturn
 
 import psycopg
 from channels.routing import get_default_application
 from daphne.server import Server
-from django.conf import settings
 from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.urls import NoReverseMatch, reverse
+from twisted.internet.endpoints import quoteStringArgument
 
 from console.api.mount import docs_url
 from console.consumers import max_message_bytes
@@ -60,89 +48,33 @@ from runtime.db import open_pool
 from runtime.management.base import RuntimeCommand
 from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
 
-MAX_AUTO_PROCESSES = 4
-PR_SET_PDEATHSIG = 1  # prctl(2)
+# Connections the kernel queues before daphne accepts them (Twisted's default is 50): a burst
+# of clients connecting at once must not overflow it and wait for their SYN to be resent.
+BACKLOG = 1024
+
+SEVERAL_PROCESSES = (
+    "--processes is gone: runtime_serve is one process. To serve from several, run one daphne"
+    " process per port behind a reverse proxy, with REDIS_URL and runtime_worker processes"
+    ' (README, "Several server processes"; deploy/runtime-web@.service, deploy/nginx.conf)'
+)
 
 
-def child_command() -> tuple[list[str], dict[str, str]]:
-    """How to start this command again in a child process, wherever the package is installed
-    (no ``manage.py`` is looked for): ``python -m django`` with this process's settings
-    module, and an environment whose PYTHONPATH starts with the folder that module's package
-    was imported from, so the child finds the project whatever its working directory."""
-    from django.conf import settings
-
-    module = settings.SETTINGS_MODULE
-    package = importlib.import_module(module.partition(".")[0])
-    folder = str(Path(next(iter(package.__path__))).parent)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH", "")) if p)
-    return [sys.executable, "-m", "django", "runtime_serve", "--settings", module], env
-
-
-def auto_processes() -> int:
-    """How many server processes ``--processes auto`` means here (see the module doc)."""
-    backend = settings.CHANNEL_LAYERS["default"]["BACKEND"]
-    if os.name != "posix" or backend.endswith("InMemoryChannelLayer"):
-        return 1
-    return max(1, min(MAX_AUTO_PROCESSES, os.cpu_count() or 1))
-
-
-# Whether each process listens on a socket of its own: Linux balances SO_REUSEPORT sockets.
-REUSE_PORT = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
-
-
-def listening_socket(
-    host: str, port: int, *, family: int | None = None, reuse_port: bool = False
-) -> socket.socket:
-    """Bind and listen on ``host:port``, inheritable by child processes; ``reuse_port`` sets
-    SO_REUSEPORT, so that other sockets with it can bind the same address beside it.
-
-    Raises CommandError, naming the address, when it cannot be bound."""
-    if family is None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise CommandError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}. Another process may be"
-            " using it; choose another port with PORT=... ./scripts/start or"
-            " manage.py runtime_serve --port ..."
-        ) from exc
-    sock.listen(1024)
-    sock.set_inheritable(True)
-    return sock
-
-
-def first_socket(host: str, port: int, processes: int) -> socket.socket:
-    """The first process's socket. With children on Linux it is bound with SO_REUSEPORT, but
-    only after a plain bind proved the address free: a second server started on the same
-    port would otherwise join this one's sockets instead of failing."""
-    sock = listening_socket(host, port)
-    if processes == 1 or not REUSE_PORT:
-        return sock
-    with sock:
-        address, family = sock.getsockname(), sock.family
-    return listening_socket(address[0], address[1], family=family, reuse_port=True)
+def endpoint(host: str, port: int) -> str:
+    """daphne's endpoint string for ``host:port``: Twisted's ``tcp:`` endpoint, or ``tcp6:``
+    when ``host`` is an IPv6 address (a colon in it; brackets are dropped), with the colons
+    of the address escaped as Twisted's endpoint syntax asks (``quoteStringArgument``)."""
+    host = host.strip("[]")
+    kind = "tcp6" if ":" in host else "tcp"
+    return f"{kind}:port={port}:interface={quoteStringArgument(host)}:backlog={BACKLOG}"
 
 
 class Command(RuntimeCommand):
-    help = "Serve the console and API with daphne (several processes), with an in-process worker."
+    help = "Serve the console and API with one daphne process and an in-process worker."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument(
-            "--processes",
-            default="auto",
-            help="server processes: a number, or auto (default; see the command's docs)",
-        )
-        parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a child's inherited socket
-        parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # a child's first process
+        parser.add_argument("--processes", help=argparse.SUPPRESS)  # refused: SEVERAL_PROCESSES
         parser.add_argument(
             "--max-inflight",
             type=int,
@@ -156,47 +88,63 @@ class Command(RuntimeCommand):
             help="serve only; run `manage.py runtime_worker` separately",
         )
 
-    def handle(
-        self, *args, host, port, processes, fd, parent, max_inflight, concurrency, no_worker, **o
-    ):
+    def handle(self, *args, host, port, processes, max_inflight, concurrency, no_worker, **o):
+        if processes is not None:
+            raise CommandError(SEVERAL_PROCESSES)
         if concurrency is not None:
             raise CommandError("--concurrency is replaced by --max-inflight N")
         if max_inflight < 1:
             raise CommandError("--max-inflight must be at least 1")
-        count = self.process_count(processes)
-        if fd is not None:  # a child: serve the address the first process bound
-            die_with(parent)
-            self.serve(self.endpoints(self.child_socket(fd)))
-            leave()
-        # Bound first: a busy port stops the command before a worker registers or a child starts.
-        sock = first_socket(host, port, count)
         if (problem := database_problem()) is not None:
-            sock.close()
             raise CommandError(problem)
         # A signal before daphne installs its handlers stops the server as soon as it runs.
         signal.signal(signal.SIGTERM, self.stop_early)
         signal.signal(signal.SIGINT, self.stop_early)
-        worker, worker_thread = None, None
-        if not no_worker:
-            worker = Worker(max_inflight=max_inflight, shares_process=True)
-            worker_thread = threading.Thread(target=worker.run, name="worker", daemon=True)
-            worker_thread.start()
-            self.stdout.write(f"worker {worker.worker_id}: running in-process")
-        # The port bound (--port 0 picks one), and an IPv6 host in brackets, as URLs want it.
-        address = f"[{host}]" if ":" in host else host
-        base = f"http://{address}:{sock.getsockname()[1]}"
-        self.stdout.write(f"{where(base)}   ({count} server process{'es' if count > 1 else ''})")
-        children = None
+        self.host, self.no_worker, self.max_inflight = host, no_worker, max_inflight
+        self.worker: Worker | None = None
+        self.worker_thread: threading.Thread | None = None
+        limit = max_message_bytes()
+        self.server = Server(
+            application=get_default_application(),
+            endpoints=[endpoint(host, port)],
+            signal_handlers=True,
+            websocket_max_message_size=limit,
+            websocket_max_frame_size=limit,
+            ready_callable=self.ready,
+        )
+        # The reactor daphne.server installed (importing it any earlier would install another).
+        from twisted.internet import reactor
+
+        reactor.callWhenRunning(close_oversized_sockets, self.server)
         try:
-            children = Children(sock, count - 1, self.stderr)
-            self.serve(self.endpoints(sock))
+            self.server.run()
         finally:
-            if children is not None:
-                children.stop()
-            sock.close()
-            if worker is not None and worker_thread is not None:
-                self.stop_worker(worker, worker_thread)
+            if self.worker is not None and self.worker_thread is not None:
+                self.stop_worker(self.worker, self.worker_thread)
+        if not self.server.listening_addresses:
+            # daphne logged why ("Listen failure: ...") and returned without serving.
+            raise CommandError(
+                f"cannot listen on {host}:{port} (daphne's reason is above). Another process"
+                " may be using it; choose another port with PORT=... ./scripts/start or"
+                " manage.py runtime_serve --port ..."
+            )
         leave()
+
+    def ready(self) -> None:
+        """What daphne calls once it listens, before it serves: open the connection pool (before
+        the first request), start the in-process worker, and say where it serves."""
+        open_pool()
+        if not self.no_worker:
+            self.worker = Worker(max_inflight=self.max_inflight, shares_process=True)
+            self.worker_thread = threading.Thread(
+                target=self.worker.run, name="worker", daemon=True
+            )
+            self.worker_thread.start()
+            self.stdout.write(f"worker {self.worker.worker_id}: running in-process")
+        # The port bound (--port 0 picks one), and an IPv6 host in brackets, as URLs want it.
+        host = self.host.strip("[]")
+        address = f"[{host}]" if ":" in host else host
+        self.stdout.write(where(f"http://{address}:{self.server.listening_addresses[0][1]}"))
 
     def stop_early(self, signum, frame) -> None:
         from twisted.internet import reactor as installed  # daphne.server's asyncio reactor
@@ -219,58 +167,6 @@ class Command(RuntimeCommand):
         while thread.is_alive():
             thread.join(0.2)
         self.stderr.write(f"worker {worker.worker_id}: stopped")
-
-    def process_count(self, processes: str) -> int:
-        if processes == "auto":
-            return auto_processes()
-        try:
-            count = int(processes)
-        except ValueError:
-            raise CommandError("--processes is a number or auto") from None
-        if count < 1:
-            raise CommandError("--processes must be at least 1")
-        if count > 1 and os.name != "posix":
-            raise CommandError("several server processes need a POSIX platform")
-        return count
-
-    def child_socket(self, fd: int) -> socket.socket:
-        """A child's socket: on Linux its own, bound to the inherited socket's address (the
-        inherited one is closed here; the first process keeps serving it), else the
-        inherited one."""
-        inherited = socket.socket(fileno=fd)
-        if not REUSE_PORT:
-            return inherited
-        with inherited:
-            host, port = inherited.getsockname()[:2]
-            return listening_socket(host, port, family=inherited.family, reuse_port=True)
-
-    def endpoints(self, sock: socket.socket) -> list[str]:
-        """daphne's endpoint for the socket bound up front (IPv6 needs its domain named)."""
-        domain = ":domain=INET6" if sock.family == socket.AF_INET6 else ""
-        endpoint = f"fd:fileno={sock.fileno()}{domain}"
-        sock.detach()  # daphne serves the descriptor itself
-        return [endpoint]
-
-    def serve(self, endpoints: list[str]) -> None:
-        """Serve until stopped. Raises CommandError when daphne could not listen (it logs
-        why and stops; without this the command would exit 0 and no supervisor restart it)."""
-        open_pool()  # before the first request, in every process
-        name_address_families()
-        limit = max_message_bytes()
-        server = Server(
-            application=get_default_application(),
-            endpoints=endpoints,
-            signal_handlers=True,
-            websocket_max_message_size=limit,
-            websocket_max_frame_size=limit,
-        )
-        # The reactor daphne.server installed (importing it any earlier would install another).
-        from twisted.internet import reactor
-
-        reactor.callWhenRunning(close_oversized_sockets, server)
-        server.run()
-        if not server.listening_addresses:
-            raise CommandError(f"daphne could not listen on {endpoints}; see the error above")
 
 
 def close_oversized_sockets(server: Server) -> None:
@@ -302,96 +198,15 @@ def database_problem() -> str | None:
     return None
 
 
-class Children:
-    """The first process's children: started on a duplicate of the listening socket (daphne
-    closes the one it adopts), started again when one exits unasked (a crash must not halve
-    the server unnoticed), and stopped with the server."""
-
-    RESTART_SECONDS = 1.0  # how soon a dead child is noticed (and the pace of a crash loop)
-
-    def __init__(self, sock: socket.socket, count: int, log: Any) -> None:
-        self.fd = os.dup(sock.fileno())
-        os.set_inheritable(self.fd, True)
-        self.log = log
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.processes = [self._start() for _ in range(count)]
-        if count:
-            threading.Thread(target=self._keep, name="server-children", daemon=True).start()
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        command, env = child_command()
-        command += ["--fd", str(self.fd), "--parent", str(os.getpid())]
-        return subprocess.Popen(command, pass_fds=(self.fd,), stdin=subprocess.DEVNULL, env=env)
-
-    def _keep(self) -> None:
-        while not self.stopped.wait(self.RESTART_SECONDS):
-            with self.lock:
-                if self.stopped.is_set():
-                    return
-                for index, process in enumerate(self.processes):
-                    if process.poll() is not None:
-                        self.log.write(
-                            f"server process {process.pid} exited with code"
-                            f" {process.returncode}; starting another"
-                        )
-                        self.processes[index] = self._start()
-
-    def stop(self) -> None:
-        """Stop every child (SIGTERM, then SIGKILL after 10 s) and start no more."""
-        with self.lock:
-            self.stopped.set()
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        os.close(self.fd)
-
-
 def leave() -> NoReturn:
-    """Exit 0 now that the server, its children and its worker have stopped. A request
-    thread may still wait for the event loop that stopped under it (a request running when
-    the stop came: /readyz's channel-layer check, say), and the interpreter would wait for
-    that thread for ever before exiting."""
+    """Exit 0 now that the server and its worker have stopped. A request thread may still
+    wait for the event loop that stopped under it (a request running when the stop came:
+    /readyz's channel-layer check, say), and the interpreter would wait for that thread for
+    ever before exiting."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def die_with(parent: int | None) -> None:
-    """Have the kernel stop this child (SIGTERM) when its first process dies, on Linux: a
-    first process killed with SIGKILL must not leave children serving its port without a
-    worker, and the port busy for its restart."""
-    if sys.platform != "linux" or parent is None:
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # it died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def name_address_families() -> None:
-    """Twisted's ``fd`` endpoint parser passes ``domain=INET6`` on as the text "INET6", and
-    adopting the socket then fails ("Listen failure: INET6"): map the name to the address
-    family it names (AF_INET6) before daphne parses its endpoints."""
-    from twisted.plugins.fd_endpoint import _FDParser
-
-    parse = _FDParser._parseServer
-    if getattr(parse, "names_families", False):
-        return
-
-    def parse_named(self: Any, reactor: Any, fileno: str, domain: Any = socket.AF_INET) -> Any:
-        if isinstance(domain, str):
-            domain = getattr(socket, f"AF_{domain}")
-        return parse(self, reactor, fileno, domain)
-
-    parse_named.names_families = True  # type: ignore[attr-defined]
-    _FDParser._parseServer = parse_named  # type: ignore[method-assign]  # the fix above
 
 
 def where(base: str) -> str:
