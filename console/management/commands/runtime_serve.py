@@ -17,7 +17,8 @@ the database cannot be reached or has unapplied migrations (``database_problem``
 
 Stop with Ctrl-C or SIGTERM: the server stops, then the worker stops as ``runtime_worker``
 does (it finishes its current boundary, releases its leases and records the stop); a second
-signal exits at once. Once stopped, the process exits at once (``leave``): a request thread
+signal exits at once. Once stopped, the process exits at once (``leaves_at_exit``,
+``runtime.management.base.leave``): a request thread
 left waiting (for the stopped event loop, or for a connection to a database that went away)
 must not hold the exit.
 """
@@ -26,12 +27,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import signal
-import sys
 import threading
-from typing import Any, NoReturn
+from typing import Any
 
 import psycopg
 from channels.routing import get_default_application
@@ -70,6 +69,7 @@ def endpoint(host: str, port: int) -> str:
 
 class Command(RuntimeCommand):
     help = "Serve the console and API with one daphne process and an in-process worker."
+    leaves_at_exit = True  # see the module docstring
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
@@ -128,7 +128,6 @@ class Command(RuntimeCommand):
                 " may be using it; choose another port with PORT=... ./scripts/start or"
                 " manage.py runtime_serve --port ..."
             )
-        leave()
 
     def ready(self) -> None:
         """What daphne calls once it listens, before it serves: open the connection pool (before
@@ -196,17 +195,6 @@ def database_problem() -> str | None:
     finally:
         connections.close_all()  # this thread serves nothing: give its connection back
     return None
-
-
-def leave() -> NoReturn:
-    """Exit 0 now that the server and its worker have stopped. A request thread may still
-    wait for the event loop that stopped under it (a request running when the stop came:
-    /readyz's channel-layer check, say), and the interpreter would wait for that thread for
-    ever before exiting."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def where(base: str) -> str:
