@@ -36,13 +36,14 @@ import psycopg
 from channels.routing import get_default_application
 from daphne.server import Server
 from django.core.management.base import CommandError
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 from django.urls import NoReverseMatch, reverse
 from twisted.internet.endpoints import quoteStringArgument
 
 from console.api.mount import docs_url
 from console.consumers import max_message_bytes
 from console.health import check_migrations
+from runtime import db
 from runtime.db import open_pool
 from runtime.management.base import RuntimeCommand
 from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
@@ -181,7 +182,7 @@ def database_problem() -> str | None:
     with a 5 s timeout (through the pool, a missing database is a 30 s wait per request,
     and then every request failed while /healthz said ok); then every migration must be
     applied (else every page fails on a missing table)."""
-    database = connections[DEFAULT_DB_ALIAS]
+    database = db.wrapper()  # the runtime's alias (RUNTIME_DATABASE)
     if database.vendor == "postgresql":
         try:
             psycopg.connect(**database.get_connection_params(), connect_timeout=5).close()
