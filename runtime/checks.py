@@ -12,8 +12,13 @@ from django.core.exceptions import ImproperlyConfigured
 
 from runtime import conf, extras
 
+# The tag of the runtime's own checks: ``runtime_worker`` runs these alone at its start
+# (``requires_system_checks``), not the URL map's and the models' (which import the API, the
+# console and the model SDKs: half of a worker process's start, and a worker serves no URL).
+TAG = "runtime"
 
-@checks.register()
+
+@checks.register(TAG)
 def agents_load(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """runtime.E001: each RUNTIME_AGENTS path loads to an Agent, no two share a name
     (runtime.agents.registry), and each agent's provider kind loads (RUNTIME_PROVIDERS, the
@@ -49,14 +54,14 @@ def agents_load(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
     return errors
 
 
-@checks.register()
+@checks.register(TAG)
 def numbers_within_bounds(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """runtime.E003: every numeric RUNTIME_* setting is a finite number within its bounds
     (``runtime.conf.NUMBERS``); the message names the setting, its bound and the value."""
     return [checks.Error(problem, id="runtime.E003") for problem in conf.number_problems()]
 
 
-@checks.register()
+@checks.register(TAG)
 def heartbeat_within_lease(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """runtime.E002: a heartbeat longer than a third of the lease lets a live owner's lease
     lapse, and another worker takes its run over (``conf.heartbeat_problem``)."""
@@ -66,7 +71,7 @@ def heartbeat_within_lease(app_configs: Any = None, **kwargs: Any) -> list[check
     return [] if problem is None else [checks.Error(problem, id="runtime.E002")]
 
 
-@checks.register()
+@checks.register(TAG)
 def choices_and_shapes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """runtime.E004: RUNTIME_METRICS is one of its choices; RUNTIME_PROVIDERS and
     RUNTIME_TOOL_SOURCES map kinds to dotted paths; RUNTIME_MCP_SERVERS,
@@ -107,7 +112,7 @@ def choices_and_shapes(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
     return errors
 
 
-@checks.register(checks.Tags.database)
+@checks.register(checks.Tags.database, TAG)
 def database_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """runtime.E005: RUNTIME_DATABASE names a database of DATABASES, and another alias than
     "default" is routed to by ``runtime.db.Router`` (DATABASE_ROUTERS)."""
@@ -131,7 +136,7 @@ def database_problem(alias: str, databases: Any, routers: Any) -> str | None:
     return None
 
 
-@checks.register()
+@checks.register(TAG)
 def extras_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """runtime.E006: a setting that needs an optional extra finds it installed: a Redis
     channel layer needs ``redis``, MCP servers need ``mcp``, an OTLP exporter needs ``otel``
@@ -153,7 +158,7 @@ def extras_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
     ]
 
 
-@checks.register()
+@checks.register(TAG)
 def request_threads_within_pool(
     app_configs: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:

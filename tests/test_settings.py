@@ -342,6 +342,16 @@ def test_an_agent_that_cannot_load_fails_the_check(tmp_path, env, said):
     assert "Traceback" not in done.stderr
 
 
+def test_a_worker_runs_the_runtimes_checks_alone(tmp_path):
+    """runtime_worker runs the runtime's own checks (runtime.checks.TAG) before it claims:
+    an agent that cannot load stops it before it claims anything."""
+    done = manage_py(
+        "runtime_worker", "--until-idle", RUNTIME_VAR_DIR=str(tmp_path), RUNTIME_AGENTS="sys.exit"
+    )
+    assert done.returncode == 1, done
+    assert "(runtime.E001)" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_no_agent_is_a_warning(tmp_path):
     """A library installed before its host defines an agent: check passes, and says so."""
     done = manage_py("check", RUNTIME_VAR_DIR=str(tmp_path), RUNTIME_AGENTS=",")

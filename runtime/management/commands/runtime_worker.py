@@ -8,7 +8,7 @@ import signal
 
 from django.core.management.base import CommandError
 
-from runtime import metrics
+from runtime import checks, metrics
 from runtime.crash import check_environment
 from runtime.management.base import RuntimeCommand
 from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
@@ -17,6 +17,7 @@ from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
 class Command(RuntimeCommand):
     help = "Claim runnable runs and drive them. First SIGTERM/SIGINT stops gracefully."
     leaves_at_exit = True  # runtime.management.base.leave: a stopped worker exits at once
+    requires_system_checks = [checks.TAG]  # the runtime's own (see runtime.checks.TAG)
 
     def add_arguments(self, parser):
         parser.add_argument(
