@@ -95,7 +95,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -115,6 +115,9 @@ BENCH_APP = "inflight-bench"  # application_name of the bench's own connections 
 STAMP = re.compile(r"\[\d+:(\d+\.\d+)\]")
 START_SECONDS = 30.0  # bound on a child's start-up (the model server, a subscription)
 STOP_SECONDS = 30.0
+# How long the delta probe waits, after the runs ended, for a token that has not arrived while
+# none arrives (a publisher that fell behind sends after the run's last commit).
+DRAIN_QUIET_SECONDS = 5.0
 POLL_SECONDS = 0.05  # how often the bench looks whether a process it waits for has exited
 
 
@@ -320,14 +323,16 @@ class DeltaProbe:
     private event loop) and records each text delta's latency: its arrival minus the send time
     the model server stamped into the token, ms."""
 
-    def __init__(self, redis_url: str, run_ids: list[str]) -> None:
+    def __init__(self, redis_url: str, run_ids: list[str], expected: int) -> None:
         from channels_redis.core import RedisChannelLayer
 
         # Read for longer than the 5 s BZPOPMIN of a receive (console/settings.py says why).
         host = {"address": redis_url, "socket_timeout": 30}
         self.layer = RedisChannelLayer(hosts=[host], capacity=1000)
         self.run_ids = run_ids
+        self.expected = expected  # text tokens the sampled runs stream in all
         self.latencies_ms: list[float] = []
+        self.last_arrival = time.monotonic()
         self.deltas = 0
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="probe", daemon=True)
@@ -363,8 +368,18 @@ class DeltaProbe:
                 return
             if message["type"] == "run.delta" and message.get("kind") == "text":
                 self.deltas += 1
+                self.last_arrival = time.monotonic()
                 for stamp in STAMP.findall(message.get("text") or ""):
                     self.latencies_ms.append((arrived - float(stamp)) * 1000)
+
+    def drain(self, quiet_seconds: float = DRAIN_QUIET_SECONDS) -> None:
+        """Wait, once every run has ended, for the deltas still on their way: a worker's
+        publisher sends after the commit that ends a run, and late on a busy machine. Returns
+        when every expected token has arrived or none has for ``quiet_seconds``."""
+        while len(self.latencies_ms) < self.expected:
+            if time.monotonic() - self.last_arrival > quiet_seconds:
+                return
+            time.sleep(0.05)
 
     def __exit__(self, *exc: object) -> None:
         from runtime.live import run_group
@@ -551,6 +566,8 @@ def measure_ours(
     """One round of ours: spawn the workers and wait until they are up (a deployment's
     workers are long-running), then start ``runs`` runs and time them from the first start
     to the last commit; check the outcome and the log, then stop the workers (SIGTERM)."""
+    from django.db import transaction
+
     empty_ours()
     ctx.model.reset()
     each = per_worker(runs, system.workers, ctx.flag, args.connection_budget)
@@ -577,11 +594,20 @@ def measure_ours(
     with sampling(ctx.server, ctx.ours_db, args.sample_interval) as sampler:
         sampler.pids = [w.pid for w in workers]
         began = time.time()
-        run_ids = start_ours(runs)
-        sample = run_ids[:: max(1, len(run_ids) // args.delta_sample)][: args.delta_sample]
-        probe = DeltaProbe(args.redis_url, sample) if args.redis_url and args.delta_sample else None
-        with probe or nullcontext():
+        with ExitStack() as listening:
+            # One transaction: the runs become claimable together, once the probe listens to
+            # the sampled ones (subscribed after, it missed the tokens streamed before).
+            with transaction.atomic():
+                run_ids = start_ours(runs)
+                sample = run_ids[:: max(1, len(run_ids) // args.delta_sample)][: args.delta_sample]
+                if args.redis_url and args.delta_sample:
+                    probe = DeltaProbe(args.redis_url, sample, len(sample) * ctx.settings.tokens)
+                    listening.enter_context(probe)
+                else:
+                    probe = None
             wait_until(lambda: runs_ended(run_ids), timeout, "every run to end")
+            if probe is not None:
+                probe.drain()
     for worker in workers:
         worker.send_signal(signal.SIGTERM)
     codes = wait_all(workers, timeout)
