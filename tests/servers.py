@@ -19,6 +19,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM ``process``, then SIGKILL if it has not exited within ``timeout`` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def daphne_command(port: int) -> list[str]:
     return [
         sys.executable,
@@ -62,10 +72,5 @@ def serving(
                 time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, 10)
         out.close()

@@ -19,7 +19,7 @@ import pytest
 from tests.api.conftest import APPROVAL, BASE, ROOT
 from tests.api.sse import Event, parse
 from tests.runtime.support import wait_for
-from tests.servers import serving
+from tests.servers import serving, stop
 from tests.subprocesses import FAST_WORKER_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -45,12 +45,7 @@ def worker_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[
     try:
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, 30)
 
 
 def test_a_viewer_of_one_server_sees_the_deltas_of_a_run_driven_through_another(
