@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 from typing import Any, NoReturn
@@ -107,9 +108,7 @@ def leave(code: int = 0) -> NoReturn:
     than 60 s at load 60 between a worker's "stopped" and its exit (issue 21, item 8). It
     also waits for every thread a request or a tool left waiting, which may be for ever.
     """
-    import logging
-
-    from runtime import tracing
+    from runtime import tracing  # here: the commands that never leave need no tracing
 
     tracing.shutdown()
     logging.shutdown()

@@ -44,7 +44,6 @@ from console.api.mount import docs_url
 from console.consumers import max_message_bytes
 from console.health import check_migrations
 from runtime import db
-from runtime.db import open_pool
 from runtime.management.base import RuntimeCommand
 from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
 
@@ -133,7 +132,7 @@ class Command(RuntimeCommand):
     def ready(self) -> None:
         """What daphne calls once it listens, before it serves: open the connection pool (before
         the first request), start the in-process worker, and say where it serves."""
-        open_pool()
+        db.open_pool()
         if not self.no_worker:
             self.worker = Worker(max_inflight=self.max_inflight, shares_process=True)
             self.worker_thread = threading.Thread(
