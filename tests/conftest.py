@@ -28,6 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # -- the flush after each transactional test: DELETE, and the reference rows stay -----------------
 
 
+# Tables the database's triggers write when rows of another table are deleted (RunCount,
+# migration 0018). Emptied before runtime_run, they would be left holding its DELETE's -1s,
+# and the next test would read its counts one short. Django's table list comes from a set,
+# so its order changes with the process's hash seed: one xdist worker in two hit this.
+EMPTIED_LAST = frozenset({"runtime_runcount"})
+
+
 def _flush_by_delete() -> None:
     """Make Django's flush (TransactionTestCase's teardown, ~500 tests here) DELETE the rows.
 
@@ -35,7 +42,8 @@ def _flush_by_delete() -> None:
     table and index, whatever they hold); a test leaves a few rows, which DELETE removes in
     ~10 ms. The result is the same: empty tables, sequences untouched (TRUNCATE is issued
     without RESTART IDENTITY here). Every foreign key Django creates is DEFERRABLE INITIALLY
-    DEFERRED, so the order of the DELETEs does not matter within the flush's transaction.
+    DEFERRED, so the order of the DELETEs does not matter to them within the flush's
+    transaction; it does to the run counts' triggers (EMPTIED_LAST).
     """
     from django.db.backends.postgresql.operations import DatabaseOperations
 
@@ -46,7 +54,8 @@ def _flush_by_delete() -> None:
             return truncate(
                 self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
             )
-        deletes = [f"DELETE FROM {style.SQL_FIELD(self.quote_name(t))};" for t in tables]
+        ordered = sorted(tables, key=lambda table: table in EMPTIED_LAST)
+        deletes = [f"DELETE FROM {style.SQL_FIELD(self.quote_name(t))};" for t in ordered]
         return ["SET CONSTRAINTS ALL DEFERRED;", *deletes]
 
     setattr(DatabaseOperations, "sql_flush", sql_flush)  # noqa: B010 (a method, on purpose)
