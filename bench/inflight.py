@@ -337,16 +337,22 @@ class DeltaProbe:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="probe", daemon=True)
         self.channels: list[str] = []
+        self.viewings: list[Any] = []  # runtime.live.Viewing, one per sampled run
+        self.redis_url = redis_url
 
     def _call(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(START_SECONDS)
 
     def __enter__(self) -> DeltaProbe:
-        from runtime.live import run_group
+        from runtime.live import Viewing, run_group
 
         async def subscribe() -> list[str]:
             channels = []
             for run_id in self.run_ids:
+                # Watched, as a console page watches: only watched runs' deltas are sent.
+                viewing = Viewing(run_id, redis_url=self.redis_url)
+                await viewing.start()
+                self.viewings.append(viewing)
                 channel = await self.layer.new_channel()
                 await self.layer.group_add(run_group(run_id), channel)
                 channels.append(channel)
@@ -389,6 +395,8 @@ class DeltaProbe:
                 await self.layer.send(channel, {"type": "bench.stop"})
 
         async def unsubscribe() -> None:
+            for viewing in self.viewings:
+                await viewing.stop()
             for run_id, channel in zip(self.run_ids, self.channels, strict=True):
                 await self.layer.group_discard(run_group(run_id), channel)
             await self.layer.close_pools()
@@ -500,6 +508,25 @@ def ours_outcome(run_ids: list[str], calls: int) -> tuple[str, float]:
     return wrong, last["last"].timestamp() if last["last"] else math.nan
 
 
+def takeovers(run_ids: list[str]) -> int:
+    """The claims of the runs beyond each one's first (its lease epoch less one): no worker
+    dies or stops during a round and none waits for a limit, so each is a live worker's run
+    taken over (target 0, issue 29)."""
+    from django.db.models import F, Sum
+
+    from runtime.models import Run
+
+    total = Run.objects.filter(id__in=run_ids).aggregate(n=Sum(F("lease_epoch") - 1))["n"]
+    return int(total or 0)
+
+
+def lease_warnings(log: Path, start: int) -> int:
+    """The workers' "lease lost" and "fenced" warnings in ``log`` from byte ``start`` on."""
+    with log.open("rb") as lines:
+        lines.seek(start)
+        return sum(1 for line in lines if b"lease lost" in line or b"fenced" in line)
+
+
 def fsck(env: dict[str, str], timeout: float) -> str:
     """``manage.py runtime_fsck --json``: "clean", "<n> violations" or what failed."""
     try:
@@ -577,6 +604,7 @@ def measure_ours(
     env = child_env("ours", **extra)
     timeout = round_timeout(runs, each * system.workers, ctx.ideal)
     ids = [f"inflight-{system.workers}-{i}" for i in range(system.workers)]
+    logged = ctx.log.stat().st_size if ctx.log.exists() else 0  # this round's log starts here
     with ctx.log.open("ab") as err:
         workers = [
             subprocess.Popen(
@@ -620,6 +648,8 @@ def measure_ours(
         worker_flag=f"{ctx.flag} {each}",
         fsck=fsck(env, timeout=300 + runs * 0.1),
         error=wrong,
+        takeovers=takeovers(run_ids),
+        lease_warnings=lease_warnings(ctx.log, logged),
     )
     if probe is not None:
         figures.update(
@@ -750,14 +780,22 @@ def delta(row: dict[str, Any]) -> str:
     return f"{_f(row['delta_p99_ms'], '.0f')} ({row['delta_received']:.0%})"
 
 
+def taken(row: dict[str, Any]) -> str:
+    """The takeovers column (ours only): live workers' runs taken over, and the "lease lost"
+    and "fenced" warnings the workers logged."""
+    if "takeovers" not in row:
+        return "n/a"
+    return f"{_f(row['takeovers'], '.0f')} ({_f(row['lease_warnings'], '.0f')})"
+
+
 def markdown(ctx: Context, systems: list[System], levels: list[int]) -> str:
     """The Markdown table of every (system, level) measured, medians over the rounds."""
     head = (
         "| system | runs | driven at once | wall s | ideal s | wall/ideal | runs/s "
         "| to 1st req s | peak conns | peak RSS MiB | overhead/step p50 / p99 ms "
-        "| delta p99 ms (received) | fsck |"
+        "| delta p99 ms (received) | takeovers (warnings) | fsck |"
     )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for level in levels:
         for system in systems:
             rounds = [
@@ -776,7 +814,7 @@ def markdown(ctx: Context, systems: list[System], levels: list[int]) -> str:
                 f"| {_f(row['first_request_seconds'], '.2f')} "
                 f"| {_f(row['peak_connections'], '.0f')} | {_f(row['peak_rss_mib'], '.0f')} "
                 f"| {_f(row['overhead_p50_ms'], '.1f')} / {_f(row['overhead_p99_ms'], '.1f')} "
-                f"| {delta(row)} | {row.get('fsck') or 'n/a'} |"
+                f"| {delta(row)} | {taken(row)} | {row.get('fsck') or 'n/a'} |"
             )
     return "\n".join(lines)
 
@@ -935,6 +973,7 @@ def progress(system: System, level: int, round_: int, figures: dict[str, Any]) -
         f"  {level:>5} runs, round {round_ + 1}: {system.label:<16} "
         f"{figures['wall_seconds']:7.2f} s ({figures['wall_over_ideal']:.2f}x ideal), "
         f"{figures['peak_connections']} conns, {figures['peak_rss_mib']:.0f} MiB"
+        + (f", {figures['takeovers']} takeovers" if "takeovers" in figures else "")
     )
 
 

@@ -39,12 +39,13 @@ again, and under load each one stopped the process for a tenth of a second or mo
 
 import gc
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+from django.core.exceptions import BadRequest
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
 from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponseBase
 
@@ -78,6 +79,22 @@ class OneHopASGIHandler(ASGIHandler):
 
         # What ASGIHandler awaits: the sync chain, entered once on a request thread.
         self._middleware_chain = sync_to_async(respond, thread_sensitive=False, executor=threads)
+
+    def create_request(
+        self, scope: Mapping[str, Any], body_file: Any
+    ) -> tuple[ASGIRequest, None] | tuple[None, HttpResponseBase]:
+        """Django's ``(request, None)`` for ``scope``, or its ``(None, response)`` for one it
+        refuses; and ``(None, 400)`` for a Content-Type Django cannot parse (an RFC 2231
+        parameter in a charset that does not exist, ``boundary*=x''%ff``): Django raises
+        BadRequest here, where nothing catches it, and the client got daphne's 500 page. The
+        400 is ``console.api.errors.malformed_request``: the API's error shape under the API's
+        prefix."""
+        from console.api.errors import malformed_request
+
+        try:
+            return super().create_request(scope, body_file)
+        except BadRequest:
+            return None, malformed_request(str(scope.get("path", "")))
 
 
 def django_application() -> OneHopASGIHandler:

@@ -40,7 +40,7 @@ from django.contrib.auth import get_user_model
 from console.db import ACCESS_FRESH, ACCESS_SECONDS, SharedAnswers, off_loop
 from console.models import READ
 from runtime import conf
-from runtime.live import ALL_RUNS_GROUP, bind_to_running_loop, run_group
+from runtime.live import ALL_RUNS_GROUP, Viewing, bind_to_running_loop, run_group
 from runtime.models import Run, StreamCheckpoint, ThreadCommit
 from runtime.untrusted import UntrustedJSONError, is_id, parse_json
 
@@ -126,6 +126,7 @@ def _latest_commit_id() -> int | None:
 class _LiveConsumer(AsyncJsonWebsocketConsumer):
     group: str = ""
     watcher: asyncio.Task[None] | None = None
+    viewing: Viewing | None = None  # the run whose deltas this socket wants published
     refused: bool = False
 
     async def receive(
@@ -178,6 +179,8 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
         return True
 
     async def disconnect(self, code: int) -> None:
+        if self.viewing is not None:
+            await self.viewing.stop()
         if self.watcher is not None:
             self.watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -207,7 +210,10 @@ class RunConsumer(_LiveConsumer):
             await self.accept()
             await self.close(code=NOT_FOUND)
             return
-        # Join before reading, so no commit can fall between the read and the subscription.
+        # Join before reading, so no commit can fall between the read and the subscription;
+        # say first that this run is watched, so its deltas are published (runtime.live).
+        self.viewing = Viewing(run_id)
+        await self.viewing.start()
         self.group = run_group(run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         committed = await _committed(run_id)

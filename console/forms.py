@@ -196,11 +196,34 @@ class StartRunForm(forms.Form):
     def clean_thread_id(self) -> str | None:
         return self.cleaned_data["thread_id"].strip() or None
 
+    def clean(self) -> dict[str, Any]:
+        """Refuse a script for an agent that answers with a real model: a run that carries a
+        script always uses the scripted model (docs/real-models.md), and the form comes filled
+        with a demo script, so a newcomer who picked their own agent got the demo's answers
+        without a word. The API still takes a script for any agent, on purpose."""
+        data = super().clean() or {}
+        agent = registry().get(data.get("agent") or "")
+        if data.get("script") is not None and agent and agent.provider.kind != "scripted":
+            self.add_error(
+                "script",
+                f"agent '{agent.name}' answers with its model ({agent.provider.kind}); a "
+                "script would replace the model for this run. Empty this field to use it.",
+            )
+        return data
+
 
 class CancelForm(forms.Form):
     reason = forms.CharField(required=False, max_length=PAUSE_REASON_MAX)
     confirm = forms.BooleanField(
         required=True, error_messages={"required": "Confirm that the run should be cancelled."}
+    )
+
+
+class WebhookConfirmForm(forms.Form):
+    """The confirmation a webhook endpoint's delete or secret rotation needs."""
+
+    confirm = forms.BooleanField(
+        required=True, error_messages={"required": "Confirm the change: it takes effect at once."}
     )
 
 

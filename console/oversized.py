@@ -1,4 +1,5 @@
-"""Answers for requests whose head is too large to read: 414 and 431, in the API's error shape.
+"""Answers for requests whose head is too large to read: 414 and 431, in the API's error shape;
+and every body left to Django.
 
 Twisted, under daphne, reads a request line and each header line up to ``MAX_LENGTH`` bytes
 and a request's head up to ``totalHeadersSize`` (16 KB each). Past the first it closed the
@@ -7,11 +8,19 @@ connection without a word, and past the second it answered a bare 400 with no bo
 closes: 414 URI Too Long when the request line alone is too long, 431 Request Header Fields
 Too Large when the headers are, each with ``{"error": {"code", "message", "detail":
 {"limit"}}}``. The limits stay Twisted's.
+
+Twisted also parses a POST's form or multipart body into ``request.args``, which daphne never
+reads, and answered a multipart body it could not parse (a missing or malformed boundary) with
+a bare 400 before Django saw it (issue 31, item 9). The channel's requests are made with
+Twisted's ``parsePOSTFormSubmission=False``: every body reaches Django as it came, so the API
+answers it in its error shape (415 for anything but JSON) and the console as Django does.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from http import HTTPStatus
 
 from daphne.http_protocol import HTTPFactory
@@ -21,7 +30,19 @@ from console.api.errors import error_body
 
 
 class OversizedChannel(http.HTTPChannel):
-    """Twisted's HTTP/1.1 channel, answering a head it will not read (see the module)."""
+    """Twisted's HTTP/1.1 channel, answering a head it will not read, and making requests
+    that leave their body to Django (see the module)."""
+
+    _request_class: Callable[..., http.Request] = http.Request
+
+    @property  # type: ignore[override]  # Twisted declares a class attribute
+    def requestFactory(self) -> Callable[..., http.Request]:
+        """The request class daphne sets (its ``WebRequest``), made without parsing forms."""
+        return functools.partial(self._request_class, parsePOSTFormSubmission=False)
+
+    @requestFactory.setter
+    def requestFactory(self, factory: Callable[..., http.Request]) -> None:
+        self._request_class = factory
 
     def lineLengthExceeded(self, line: bytes) -> None:
         # No line of this request counted yet: the long one is the request line.

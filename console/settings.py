@@ -129,12 +129,17 @@ def env_json_mapping(name: str) -> dict[str, Any] | None:
     return data
 
 
-def logging_config(level: str, log_format: str) -> dict[str, Any]:
+def logging_config(
+    level: str, log_format: str, levels: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The LOGGING dict: every logger (runtime, console, django.request, django.channels,
     daphne, ...) reaches one stderr handler through the root logger at ``level``, with the
     runtime's log context on each line (runtime.logs, named by dotted path).
 
-    ``level`` is a name from LEVELS; ``log_format`` "plain" or "json".
+    ``level`` is a name from LEVELS; ``log_format`` "plain" or "json"; ``levels`` sets single
+    loggers (and their children) apart from ``level``: ``{"runtime.worker": "DEBUG"}``
+    (RUNTIME_LOG_LEVELS, read by ``log_levels``). The QUIET_LOGGERS are at WARNING unless
+    ``levels`` names them.
     """
     formatter: dict[str, Any] = {
         "()": "runtime.logs.PlainFormatter",
@@ -146,6 +151,14 @@ def logging_config(level: str, log_format: str) -> dict[str, Any]:
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         }
+    loggers: dict[str, dict[str, Any]] = {
+        # Django's default config gives "django" its own console handler (DEBUG only) and
+        # mail_admins; one stderr line per record is wanted, through the root.
+        "django": {"handlers": [], "level": level, "propagate": True},
+        **{name: {"level": "WARNING"} for name in QUIET_LOGGERS},
+    }
+    for name, name_level in (levels or {}).items():
+        loggers[name] = {**loggers.get(name, {}), "level": name_level}
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -160,18 +173,37 @@ def logging_config(level: str, log_format: str) -> dict[str, Any]:
             }
         },
         "root": {"handlers": ["stderr"], "level": level},
-        "loggers": {
-            # Django's default config gives "django" its own console handler (DEBUG only) and
-            # mail_admins; one stderr line per record is wanted, through the root.
-            "django": {"handlers": [], "level": level, "propagate": True},
-            # The HTTP clients of the model SDKs log every request at INFO.
-            "httpx": {"level": "WARNING"},
-            "httpcore": {"level": "WARNING"},
-        },
+        "loggers": loggers,
     }
 
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# The model SDKs and their HTTP clients (httpx, and httpx2 in the current SDKs) log every
+# request at INFO: two lines per model call, most of a busy worker's log. WARNING unless
+# RUNTIME_LOG_LEVELS names them (e.g. "httpx2=INFO" to see each request again).
+QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "openai", "anthropic")
+
+
+def log_levels(name: str) -> dict[str, str]:
+    """The per-logger levels of environment variable ``name``: ``logger=LEVEL`` pairs split
+    by commas (``"httpx2=WARNING,runtime.worker=DEBUG"``; blank: none) -> ``{logger: LEVEL}``.
+
+    Raises ImproperlyConfigured naming the variable for a pair without ``=``, an empty logger
+    name, or a level not in LEVELS.
+    """
+    levels: dict[str, str] = {}
+    for pair in os.environ.get(name, "").split(","):
+        if not pair.strip():
+            continue
+        logger, sep, level = (part.strip() for part in pair.partition("="))
+        if not sep or not logger or level.upper() not in LEVELS:
+            raise ImproperlyConfigured(
+                f"{name} must be logger=LEVEL pairs split by commas, LEVEL one of"
+                f" {', '.join(LEVELS)}; got {pair.strip()!r}"
+            )
+        levels[logger] = level.upper()
+    return levels
 
 
 def env_database(name: str, default: str) -> dj_database_url.DBConfig:
@@ -265,6 +297,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "console.middleware.request_id",
+    # Bounds the request's database waits, the session's save on the way out included.
+    "console.timeouts.web_timeouts",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -288,6 +322,11 @@ ASGI_APPLICATION = "console.asgi.application"
 # Threads per server process that run requests' sync code (console.asgi); keep it no larger
 # than RUNTIME_DB_POOL_SIZE, so that no request thread waits for a connection.
 RUNTIME_REQUEST_THREADS = env_number("RUNTIME_REQUEST_THREADS", None, **UNBOUNDED_INT)
+# A web request's bounds on PostgreSQL (console.timeouts; docs/performance.md).
+RUNTIME_WEB_STATEMENT_TIMEOUT_SECONDS = env_number(
+    "RUNTIME_WEB_STATEMENT_TIMEOUT_SECONDS", None, **UNBOUNDED
+)
+RUNTIME_WEB_LOCK_TIMEOUT_SECONDS = env_number("RUNTIME_WEB_LOCK_TIMEOUT_SECONDS", None, **UNBOUNDED)
 # The largest WebSocket message a client may send (bytes; console.consumers refuses larger
 # ones with 4400, and runtime_serve has daphne refuse them with 1009 before reading them).
 # The live stream takes nothing from clients, so a small bound costs nothing.
@@ -392,7 +431,8 @@ if LOG_LEVEL not in LEVELS:
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").strip().lower()
 if LOG_FORMAT not in ("plain", "json"):
     raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, got {LOG_FORMAT!r}")
-LOGGING = logging_config(LOG_LEVEL, LOG_FORMAT)
+# Single loggers apart from LOG_LEVEL, e.g. RUNTIME_LOG_LEVELS="httpx2=INFO,runtime.worker=DEBUG".
+LOGGING = logging_config(LOG_LEVEL, LOG_FORMAT, log_levels("RUNTIME_LOG_LEVELS"))
 
 # /metrics (console.health): loopback (default), open or off (checked by runtime.E004); a
 # token guards it from anywhere.

@@ -25,18 +25,21 @@ from runtime.errors import DatabaseUnavailable
 log = logging.getLogger("console")
 
 
-def page() -> HttpResponse:
-    """The 503 page, with Retry-After; it reads nothing from the database."""
-    response = HttpResponse(render_to_string("console/503.html"), status=503)
+def page(timeout: str | None = None) -> HttpResponse:
+    """The 503 page, with Retry-After, naming the ``timeout`` ("statement" or "lock") that
+    cancelled the request's statement if one did; it reads nothing from the database."""
+    response = HttpResponse(render_to_string("console/503.html", {"timeout": timeout}), status=503)
     response["Retry-After"] = str(DatabaseUnavailable.retry_after)
     return response
 
 
-def answer(request: HttpRequest) -> HttpResponse:
-    """The 503 for ``request``: the API's JSON error under the API's prefix, the page elsewhere."""
+def answer(request: HttpRequest, exc: BaseException | None = None) -> HttpResponse:
+    """The 503 for ``request`` (``exc``: the fault, naming the timeout that cancelled its
+    statement if one did): the API's JSON error under the API's prefix, the page elsewhere."""
+    which = db.timed_out(exc) if exc is not None else None
     if is_api_path(request.path):
-        return fault_response(DatabaseUnavailable())
-    return page()
+        return fault_response(DatabaseUnavailable.timed_out(which))
+    return page(which)
 
 
 class DatabaseUnavailableMiddleware:
@@ -52,12 +55,13 @@ class DatabaseUnavailableMiddleware:
         if not db.unavailable(exception):
             return None
         log.warning("database unavailable in %s %s: %s", request.method, request.path, exception)
-        return answer(request)
+        return answer(request, exception)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
     """Django's 500 handler (``handler500``): the 503 answer when what failed was the
     database (the API's JSON error under the API's prefix), Django's own 500 page otherwise."""
-    if not db.unavailable(sys.exception() or Exception()):
+    exc = sys.exception() or Exception()
+    if not db.unavailable(exc):
         return defaults.server_error(request)
-    return answer(request)
+    return answer(request, exc)

@@ -149,8 +149,8 @@ def extras_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         needs.append(("redis", "CHANNEL_LAYERS (a Redis channel layer)"))
     if conf.mcp_servers():
         needs.append(("mcp", "RUNTIME_MCP_SERVERS"))
-    if tracing.exporter_kind() is not None:
-        needs.append(("otel", "OpenTelemetry tracing (OTEL_* environment)"))
+    if (variable := tracing.switched_on_by()) is not None:
+        needs.append(("otel", f"OpenTelemetry tracing ({variable} in the environment)"))
     return [
         checks.Error(f"{what} needs the {extra!r} extra: {extras.hint(extra)}", id="runtime.E006")
         for extra, what in needs

@@ -66,6 +66,20 @@ NUMBERS = {
         Number("RUNTIME_DELEGATION_MAX_DEPTH", 3, 0, 100, integer=True),
         Number("RUNTIME_DELEGATION_MAX_CHILDREN", 4, 0, 1000, integer=True),
         Number("RUNTIME_REQUEST_THREADS", 8, 1, 256, integer=True),
+        Number(
+            "RUNTIME_WEB_STATEMENT_TIMEOUT_SECONDS",
+            10,
+            0,
+            3600,
+            doc="a web request's statement is cancelled past this (PostgreSQL; 0: no bound)",
+        ),
+        Number(
+            "RUNTIME_WEB_LOCK_TIMEOUT_SECONDS",
+            2,
+            0,
+            3600,
+            doc="a web request's wait for a lock is cancelled past this (PostgreSQL; 0: none)",
+        ),
         Number("RUNTIME_WS_MAX_MESSAGE_BYTES", 65_536, 1024, 64 * 1024 * 1024, integer=True),
         Number("RUNTIME_LIMIT_POLL_SECONDS", 0.5, 0.01, 60),
         Number("RUNTIME_WEBHOOK_TIMEOUT_SECONDS", 10, 0.1, 300),
@@ -134,6 +148,18 @@ def number_problems() -> Iterator[str]:
             continue
         if problem := number_problem(spec, value):
             yield problem
+
+
+def web_statement_timeout() -> float:
+    """Seconds a web request's statement may run before PostgreSQL cancels it
+    (RUNTIME_WEB_STATEMENT_TIMEOUT_SECONDS, default 10; 0: no bound). Workers keep theirs."""
+    return number("RUNTIME_WEB_STATEMENT_TIMEOUT_SECONDS")
+
+
+def web_lock_timeout() -> float:
+    """Seconds a web request's statement may wait for a lock before PostgreSQL cancels it
+    (RUNTIME_WEB_LOCK_TIMEOUT_SECONDS, default 2; 0: no bound). Workers keep theirs."""
+    return number("RUNTIME_WEB_LOCK_TIMEOUT_SECONDS")
 
 
 def agent_paths() -> list[str]:

@@ -469,6 +469,7 @@ def _plan_run(
         fields.update(lease_owner=None, lease_expires_at=None)
     if before is None:
         activation = draft.events[0]
+        metadata = getattr(activation, "metadata", None) or {}
         writes.run_insert = _row(
             Run,
             id=run.run_id,
@@ -477,7 +478,8 @@ def _plan_run(
             parent_run_id=run.parent_run_id,
             parent_call_id=run.parent_call_id,
             depth=run.depth,
-            metadata=getattr(activation, "metadata", None) or {},
+            metadata=metadata,
+            forked_from=_forked_from(metadata),
             created_by=draft.actor,
             created_at=now,
             **fields,
@@ -490,6 +492,14 @@ def _plan_run(
     writes.clear_checkpoint = any(isinstance(e, StepCommitted) for e in draft.events)
     writes.notify = runnable(run) and (before is None or not runnable(before))
     writes.paused = run.pause is not None and (before is None or before.pause is None)
+
+
+def _forked_from(metadata: dict[str, Any]) -> str | None:
+    """The run a fork's activation names (runtime.fork writes ``metadata.forked_from``), or
+    None: projected into ``Run.forked_from`` so a run's forks are an index lookup."""
+    source = metadata.get("forked_from")
+    run_id = source.get("run_id") if isinstance(source, dict) else None
+    return run_id if isinstance(run_id, str) else None
 
 
 def runnable(run: RunView) -> bool:

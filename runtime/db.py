@@ -104,6 +104,21 @@ def unavailable(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | InterfaceError)
 
 
+# PostgreSQL's SQLSTATEs of a statement cancelled by a timeout: query_canceled (also a
+# cancel by request, told apart by its message) and lock_not_available.
+TIMEOUT_STATES = {"57014": "statement", "55P03": "lock"}
+
+
+def timed_out(exc: BaseException) -> str | None:
+    """Which timeout cancelled the statement that raised ``exc``: "statement" (PostgreSQL's
+    ``statement_timeout``), "lock" (``lock_timeout``), or None for any other fault."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    which = TIMEOUT_STATES.get(getattr(cause, "sqlstate", None) or "")
+    if which == "statement" and "statement timeout" not in str(cause):
+        return None  # cancelled by pg_cancel_backend or a shutdown, not by the timeout
+    return which
+
+
 STALE_PLAN = "cached plan must not change result type"
 
 

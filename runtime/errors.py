@@ -215,6 +215,18 @@ class DatabaseUnavailable(RuntimeFault):
     status = 503
     retry_after = 2
 
+    @classmethod
+    def timed_out(cls, which: str | None) -> DatabaseUnavailable:
+        """The fault of a statement a web request's timeout cancelled (console.timeouts):
+        ``which`` is "statement" or "lock" (``detail.timeout``); None: the plain fault."""
+        if which is None:
+            return cls()
+        return cls(
+            f"The database did not answer within the request's {which} timeout "
+            "(another transaction may hold what it needs); try again shortly.",
+            timeout=which,
+        )
+
 
 class ToolSourceUnavailable(RuntimeFault):
     """A tool source of the agent (``runtime.sources``) cannot serve this claim."""

@@ -75,8 +75,9 @@ def _ends_step(row: ThreadCommit, run_id: str, step: int) -> bool:
 def prefix(run_id: str, at_step: int) -> Prefix:
     """The commits a fork of ``run_id`` at ``at_step`` copies.
 
-    Raises NotFound for an unknown run, ForkRefused when the run has no such step or the
-    step has not finished (its batch is still open).
+    Raises NotFound for an unknown run, ForkRefused when the run has no such step, the
+    step has not finished (its batch is still open), or the step ended with the run while
+    it awaited a ticket (a cancel).
     """
     if not is_id(run_id):
         raise NotFound(f"run {run_id!r} does not exist")
@@ -96,7 +97,25 @@ def prefix(run_id: str, at_step: int) -> Prefix:
             f"step {at_step} of run {run_id} has not finished: its tool batch is still open",
             at_step=at_step,
         )
-    return Prefix(run_id, run["thread_id"], at_step, end.seq, [r for r in rows if r.seq <= end.seq])
+    kept = [r for r in rows if r.seq <= end.seq]
+    _refuse_an_end_while_awaiting(kept, run_id, at_step)
+    return Prefix(run_id, run["thread_id"], at_step, end.seq, kept)
+
+
+def _refuse_an_end_while_awaiting(rows: list[ThreadCommit], run_id: str, at_step: int) -> None:
+    """Raise ForkRefused when the commit that ends the step (``rows[-1]``) ended the run
+    while it awaited a ticket (a cancel): its copy must keep the fork running, and a run
+    leaves Awaiting only by a resume (domain.commit), so no fork goes on from there."""
+    end = rows[-1]
+    ended = end.disposition or {}
+    before = next((r.disposition for r in reversed(rows[:-1]) if r.run_id == run_id), None)
+    if ended.get("state") == "ended" and (before or {}).get("state") == "awaiting":
+        raise ForkRefused(
+            f"step {at_step} of run {run_id} ended when the run was "
+            f"{ended.get('end_cause') or 'ended'} while it awaited a ticket; a fork goes on "
+            "only after a step the run finished running: fork after an earlier step",
+            at_step=at_step,
+        )
 
 
 def copied_id(fork_run_id: str, old: str) -> str:
@@ -113,7 +132,8 @@ def _ids(rows: list[ThreadCommit]) -> set[str]:
         if isinstance(value, dict):
             for key, item in value.items():
                 if key in REMAPPED_KEYS and isinstance(item, str):
-                    found.add(item)
+                    if item:  # "": no id (a pause ticket names no call)
+                        found.add(item)
                 else:
                     walk(item)
         elif isinstance(value, list):
@@ -258,8 +278,9 @@ def fork_run(
 
     ``input`` (a text or a list of {"role": "user" | "system", "content"}) is added after the
     copied history, in the fork point's commit. All of it is one transaction: the fork exists
-    whole or not at all. Raises NotFound, ForkRefused (no such step, or it has not finished)
-    and InvalidCommit (input that no database stores, or malformed).
+    whole or not at all. Raises NotFound, ForkRefused (no such step, it has not finished,
+    or it ended with the run while it awaited) and InvalidCommit (input that no database
+    stores, or malformed).
     """
     try:
         check_storable(input, "the input")

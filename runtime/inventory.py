@@ -10,21 +10,33 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from django.db.models import Count, Exists, Min, OuterRef, QuerySet
+from django.db.models import Count, Exists, Min, OuterRef, QuerySet, Sum
 from django.utils import timezone
 
 from runtime import conf
-from runtime.models import ReconciliationRecord, Run, Ticket, ToolCallRecord, WorkerProcess
+from runtime.models import (
+    ReconciliationRecord,
+    Run,
+    RunCount,
+    Ticket,
+    ToolCallRecord,
+    WorkerProcess,
+)
 
 WorkerStatus = Literal["live", "stale", "stopped"]
 # A reconciliation that settles a call: the downstream system said whether it applied.
 DECISIVE_OUTCOMES = ("applied", "not_applied")
 
 
-def runs_by_state() -> dict[tuple[str, str], int]:
-    """``{(state, end_cause or ""): count}`` over every run (index run_state_cause)."""
-    rows = Run.objects.order_by().values_list("state", "end_cause").annotate(n=Count("id"))
-    return {(state, cause or ""): n for state, cause, n in rows}
+def runs_by_state(agent: str | None = None) -> dict[tuple[str, str], int]:
+    """``{(state, end_cause or ""): count}`` over every run, or every run of ``agent``: read
+    from the counts the database's triggers keep (RunCount, migration 0018), a few rows
+    however many runs there are."""
+    rows = RunCount.objects.filter(n__gt=0)
+    if agent is not None:
+        rows = rows.filter(agent=agent)
+    totals = rows.order_by().values_list("state", "end_cause").annotate(total=Sum("n"))
+    return {(state, cause): total for state, cause, total in totals}
 
 
 def open_tickets(now: datetime | None = None) -> dict[str, tuple[int, float]]:
@@ -132,7 +144,9 @@ def held_runs(worker_ids: list[str]) -> dict[str, list[str]]:
     """``{worker id: [run ids whose lease names it, oldest commit first]}``."""
     held: dict[str, list[str]] = {wid: [] for wid in worker_ids}
     rows = (
-        Run.objects.filter(lease_owner__in=worker_ids)
+        # Only a running run holds a lease (a commit that ends it clears it): the partial
+        # index run_held reads just those.
+        Run.objects.filter(state="running", lease_owner__in=worker_ids)
         .order_by("committed_at")
         .values_list("lease_owner", "id")
     )

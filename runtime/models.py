@@ -89,6 +89,10 @@ class Run(models.Model):
     # The run holds an open pause ticket (RunView.pause, whose request says who, when, why):
     # no worker claims it until an operator resumes it.
     paused = models.BooleanField(default=False)
+    # A fork (runtime.fork): the run it was forked from, as its activation's
+    # ``metadata.forked_from.run_id`` says; a column so a run's forks are an index lookup.
+    # Not a foreign key: the source may be pruned before its forks.
+    forked_from = models.CharField(max_length=32, null=True, blank=True)
     # Not columns: the console's runs list sets these on the rows it shows (_row_context).
     input_line: str
     waits_for: str
@@ -110,14 +114,65 @@ class Run(models.Model):
             ),
             # The runs list counts runs per (state, end cause) with an index-only scan.
             models.Index(fields=["state", "end_cause"], name="run_state_cause"),
+            # The chips' capped counts under an agent filter (console.views.runs._counts).
+            models.Index(fields=["agent", "state", "end_cause"], name="run_agent_state_cause"),
             # The runs list's "paused" filter and the paused-runs gauge.
             models.Index(
                 fields=["-created_at"], name="run_paused_recent", condition=Q(paused=True)
             ),
+            # A run's forks, oldest first (the run page, the API's run document).
+            models.Index(
+                fields=["forked_from", "created_at", "id"],
+                name="run_forks",
+                condition=Q(forked_from__isnull=False),
+            ),
+            # The workers page: the runs a worker holds are running ones.
+            models.Index(
+                fields=["lease_owner", "committed_at"],
+                name="run_held",
+                condition=Q(state="running"),
+            ),
+            # Audit's "run cancelled" entries, newest first (the cancel is the run's last
+            # commit, so the run's committed_at is that commit's time).
+            models.Index(
+                fields=["-committed_at"],
+                name="run_cancelled_recent",
+                condition=Q(end_cause="cancelled"),
+            ),
+            # Prune walks ended runs oldest commit first (runtime.retention).
+            models.Index(
+                fields=["committed_at", "id"], name="run_ended_order", condition=Q(state="ended")
+            ),
+            # PostgreSQL also has a GIN index on metadata (migration 0017) for the metadata
+            # filter (runtime.search); not declared here, as SQLite has no GIN.
         ]
 
     def __str__(self) -> str:
         return f"run {self.id} ({self.state})"
+
+
+class RunCount(models.Model):
+    """How many runs have one (agent, state, end cause) (``end_cause`` "" until a run ends).
+
+    Written only by the database's triggers on ``runtime_run`` (migration 0018), in the
+    transaction of each write that inserts, deletes or changes a run's agent, state or end
+    cause; read by /metrics and the runs list's chips, which then count a few rows instead
+    of every run. ``n`` is the sum over a key's row (a key whose runs all moved stays at 0).
+    """
+
+    agent = models.CharField(max_length=100)
+    state = models.CharField(max_length=16)
+    end_cause = models.CharField(max_length=16, blank=True, default="")
+    n = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "state", "end_cause"], name="runcount_key")
+        ]
+
+
+# The event types of an operator's pause and resume commits (runtime.operations), by name.
+PAUSE_EVENTS = ("RunPaused", "RunResumed")
 
 
 class ThreadCommit(models.Model):
@@ -144,7 +199,16 @@ class ThreadCommit(models.Model):
                 name="commit_disposition_needs_run",
             ),
         ]
-        indexes = [models.Index(fields=["run", "seq"], name="commit_run_seq")]
+        indexes = [
+            models.Index(fields=["run", "seq"], name="commit_run_seq"),
+            # Audit's pause and resume entries: the commits whose first event is a RunPaused
+            # or a RunResumed (an operator's pause or resume commits that event alone).
+            models.Index(
+                fields=["-created_at"],
+                name="commit_pause_recent",
+                condition=Q(events__0__type__in=PAUSE_EVENTS),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"commit {self.thread_id}#{self.seq}"
@@ -244,6 +308,12 @@ class Ticket(models.Model):
             models.Index(
                 fields=["due_at"], name="ticket_timer_due", condition=Q(state="open", kind="timer")
             ),
+            # The API's keyset pages of every ticket, oldest first (console.api.pagination).
+            models.Index(fields=["created_at", "id"], name="ticket_created"),
+            # Recently closed tickets, newest first (the inbox's "recent", audit's answers).
+            models.Index(
+                fields=["-closed_at"], name="ticket_closed_recent", condition=~Q(state="open")
+            ),
         ]
 
 
@@ -274,7 +344,8 @@ class LateEvidence(models.Model):
 
 
 class CommandRecord(models.Model):
-    """The first answer to an operator command sent with an idempotency key."""
+    """The first answer to an operator command on a run sent with an idempotency key (a
+    start or a fork, which has no run before it: StartRecord)."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="command_records")
     key = models.CharField(max_length=200)
@@ -285,6 +356,27 @@ class CommandRecord(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["run", "key"], name="command_key_unique_per_run")
+        ]
+
+
+class StartRecord(models.Model):
+    """The run that a start or a fork sent with an idempotency key created.
+
+    A start has no run before it, so its key is scoped to its actor (the user a token acts
+    as): ``(actor, key)`` is unique. The record is written in the transaction that creates
+    the run, so the key is recorded exactly when the run exists, and it goes with the run
+    (CASCADE: a prune of the run's thread deletes it).
+    """
+
+    actor = models.CharField(max_length=200)
+    key = models.CharField(max_length=200)
+    request_hash = models.CharField(max_length=64)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="start_records")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["actor", "key"], name="start_key_unique_per_actor")
         ]
 
 
@@ -378,6 +470,24 @@ class WebhookEndpoint(models.Model):
 
     def __str__(self) -> str:
         return f"webhook {self.name or self.id} -> {self.url}"
+
+
+class WebhookChange(models.Model):
+    """One change of a webhook endpoint (``action``: create, enable, disable, rotate, update,
+    delete): who made it, when, to which endpoint, and what it affected (``detail``, e.g.
+    ``{"pending": 645}`` for a delete). Written by ``runtime.webhooks`` in the change's own
+    transaction, kept after the endpoint is deleted; the console's Audit page lists them."""
+
+    endpoint_id = models.CharField(max_length=32)  # not a key: the endpoint may be gone
+    endpoint_name = models.CharField(max_length=100, blank=True, default="")
+    url = models.CharField(max_length=2000, blank=True, default="")  # as shown, no credentials
+    action = models.CharField(max_length=16)
+    actor = models.CharField(max_length=200, blank=True, default="")
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["-created_at"], name="webhook_change_recent")]
 
 
 class WebhookDelivery(models.Model):

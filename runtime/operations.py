@@ -75,6 +75,7 @@ from runtime.hooks import has_hook
 from runtime.models import (
     CommandRecord,
     ReconciliationRecord,
+    StartRecord,
     Thread,
     ThreadCommit,
     Ticket,
@@ -129,17 +130,38 @@ def start_run(
     thread_id: str | None = None,
     actor: str = "",
     child: ChildLink | None = None,
+    idempotency_key: str | None = None,
 ) -> str:
     """Start a run of ``agent`` on a new thread, or on ``thread_id``; return the run id.
 
     ``child`` makes it the child Run of a delegate call (its id and parent are recorded in
     the activation).
 
+    ``idempotency_key`` (1 to 200 characters, scoped to ``actor``): the run and its key are
+    recorded in one transaction (``_started_once``); the same key with the same agent,
+    input, metadata and thread returns the run it started and starts nothing.
+
     ``metadata["script"]`` (a scripted model script) is accepted only when scripted runs are
     enabled. Raises UnknownAgent (with the known names), ScriptRefused, InvalidCommit for
-    empty or malformed input, NotFound for an unknown thread, RunAlreadyActive when the
-    thread has a run that has not ended.
+    empty or malformed input or key, NotFound for an unknown thread, RunAlreadyActive when
+    the thread has a run that has not ended, IdempotencyKeyReused when the key started a run
+    with another request.
     """
+    if idempotency_key is not None:
+        request = {
+            "start": agent,
+            "input": input,
+            "metadata": metadata or {},
+            "thread_id": thread_id,
+        }
+        return _started_once(
+            actor,
+            idempotency_key,
+            request,
+            lambda: start_run(
+                agent=agent, input=input, metadata=metadata, thread_id=thread_id, actor=actor
+            ),
+        )
     plugins = get_agent(agent).plugins
     metadata = dict(metadata or {})
     _storable(metadata, "metadata")
@@ -200,6 +222,44 @@ def _committed_run(run_id: str) -> RunView:
 
 def _request_hash(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _started_once(actor: str, key: str, request: dict[str, Any], create: Callable[[], str]) -> str:
+    """Run ``create`` (a start or a fork: it returns the new run's id) once per ``actor`` and
+    idempotency ``key``; a repeat with the same ``request`` returns the run it created.
+
+    The StartRecord is written in the transaction that creates the run, so "the key is
+    recorded" holds exactly when "the run exists": a client that lost the answer (a 503 after
+    the commit) and sends the request again with the key gets the committed run, never a
+    second one; one whose start did not commit starts it now. A twin sent at the same time
+    (PostgreSQL) waits on the first one's record, has its own run undone with its failed
+    insert, and returns the first one's run. Raises InvalidCommit for a key out of bounds,
+    IdempotencyKeyReused when the key created a run with another request, and what
+    ``create`` raises (nothing is recorded then).
+    """
+    if not 0 < len(key) <= 200:
+        raise InvalidCommit("an idempotency key has 1 to 200 characters")
+    digest = _request_hash(request)
+
+    def first_run() -> str | None:
+        record = StartRecord.objects.filter(actor=actor, key=key).first()
+        if record is not None and record.request_hash != digest:
+            raise IdempotencyKeyReused(key=key)
+        return record.run_id if record is not None else None
+
+    try:
+        with db.atomic():
+            run_id = first_run()
+            if run_id is not None:
+                return run_id
+            run_id = create()
+            StartRecord.objects.create(actor=actor, key=key, request_hash=digest, run_id=run_id)
+            return run_id
+    except (RuntimeFault, IntegrityError):
+        run_id = first_run()  # read committed: the twin's record, once it committed
+        if run_id is None:
+            raise
+        return run_id
 
 
 def _answered(
@@ -759,15 +819,27 @@ def fork_run(
     at_step: int,
     input: str | list[dict[str, Any]] | None = None,
     actor: str = "",
+    idempotency_key: str | None = None,
 ) -> str:
     """Fork ``run_id`` after Step ``at_step`` onto a new thread; return the new run's id.
 
     The new run's committed history is the source's up to the end of that step (copied,
     nothing executed again; see runtime.fork), then ``input`` if given; the source is never
-    changed. Raises NotFound, ForkRefused (no such step, or it has not finished) and
-    InvalidCommit (input that cannot be stored).
+    changed. ``idempotency_key`` as for ``start_run`` (one scope per actor for starts and
+    forks): the same key with the same source, step and input returns the fork it made and
+    forks nothing. Raises NotFound, ForkRefused (no such step, or it has not finished),
+    InvalidCommit (input that cannot be stored, a key out of bounds) and
+    IdempotencyKeyReused.
     """
     from runtime import fork
 
     _require_id(run_id, "run")
-    return fork.fork_run(run_id, at_step=at_step, input=input, actor=actor)
+    if idempotency_key is None:
+        return fork.fork_run(run_id, at_step=at_step, input=input, actor=actor)
+    request = {"fork": run_id, "at_step": at_step, "input": input}
+    return _started_once(
+        actor,
+        idempotency_key,
+        request,
+        lambda: fork.fork_run(run_id, at_step=at_step, input=input, actor=actor),
+    )

@@ -34,9 +34,11 @@ from runtime.commits import commit
 from runtime.domain.commit import CommitDraft, fold
 from runtime.domain.model import RunState
 from runtime.errors import ImportRefused, InvalidCommit, NotFound, RuntimeFault
+from runtime.keyset import RowCompare
 from runtime.models import ReconciliationRecord, Run, Thread, ThreadCommit, Ticket
 
 FORMAT = "runtime-thread-log/1"
+LIVE_STATES = tuple(state.value for state in RunState if state is not RunState.ENDED)
 KeepReason = Literal["unreconciled_indeterminate", "open_child"]
 REASONS: dict[KeepReason, str] = {
     "unreconciled_indeterminate": "an Indeterminate call whose effect may have started is "
@@ -87,9 +89,11 @@ def keep_reasons(thread_ids: list[str]) -> dict[str, list[KeepReason]]:
     )
     for thread_id in unsettled:
         reasons.setdefault(thread_id, []).append("unreconciled_indeterminate")
+    # The runs not ended are the live ones, read by state (run_state_recent): their number
+    # follows the work in progress, not the history.
     parents = {
         str(parent)
-        for parent in Run.objects.exclude(state="ended")
+        for parent in Run.objects.filter(state__in=LIVE_STATES)
         .filter(metadata__has_key="parent_run_id")
         .values_list("metadata__parent_run_id", flat=True)
     }
@@ -104,16 +108,43 @@ def keep_reasons(thread_ids: list[str]) -> dict[str, list[KeepReason]]:
 
 
 def _batches(cutoff: datetime, size: int) -> Iterator[list[str]]:
-    """Eligible thread ids, ``size`` at a time, by id (keyset: deletions do not shift it)."""
-    after = ""
+    """Candidate thread ids, about ``size`` at a time.
+
+    Walks the ended runs whose last commit is before ``cutoff``, oldest first, by keyset on
+    (committed_at, id) (the partial index run_ended_order), so each batch reads ``size`` runs
+    and the runs of their threads, whatever the size of the history (issue 28: grouping every
+    thread per batch made prune quadratic over a backlog). A thread is a candidate in the
+    batch that walks its latest run, so exactly once; ``prune`` decides it.
+    """
+    after: tuple[datetime, str] | None = None
     while True:
-        batch = list(
-            eligible_threads(cutoff).filter(id__gt=after).values_list("id", flat=True)[:size]
-        )
-        if not batch:
+        walk = Run.objects.filter(state=RunState.ENDED.value, committed_at__lt=cutoff)
+        if after is not None:
+            walk = walk.filter(RowCompare(("committed_at", "id"), ">", after))
+        runs = list(walk.order_by("committed_at", "id").values_list("committed_at", "id")[:size])
+        if not runs:
             return
-        yield batch
-        after = batch[-1]
+        last_at, last_id = runs[-1]
+        assert last_at is not None  # the walk reads committed_at < cutoff
+        last = (last_at, last_id)
+        latest: dict[str, tuple[datetime, str]] = {}
+        uncommitted: set[str] = set()  # a run without a commit: not prunable
+        threads = Run.objects.filter(id__in=[run_id for _, run_id in runs]).values("thread_id")
+        for thread_id, at, run_id in Run.objects.filter(thread_id__in=threads).values_list(
+            "thread_id", "committed_at", "id"
+        ):
+            if at is None:
+                uncommitted.add(thread_id)
+            else:
+                latest[thread_id] = max(latest.get(thread_id, (at, run_id)), (at, run_id))
+        batch = sorted(
+            thread_id
+            for thread_id, key in latest.items()
+            if thread_id not in uncommitted and (after is None or key > after) and key <= last
+        )
+        if batch:
+            yield batch
+        after = last
 
 
 def prune(cutoff: datetime, *, dry_run: bool = False, batch_size: int = 500) -> PruneReport:

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from runtime import metrics, tracing
+from runtime import conf, metrics, tracing
 from runtime.domain.model import Effects, Permission, RecoveryPolicy
 from runtime.untrusted import UntrustedJSONError, parse_object
 
@@ -90,6 +90,31 @@ class ToolContext:
         if not self._lease().select_for_update().values_list("id", flat=True).first():
             raise Fenced(f"run {self.run_id} is no longer owned by lease {self.lease_epoch}")
 
+    def keep_lease(self) -> bool:
+        """Renew this claim's lease from now (the database's clock at the moment of the
+        statement, even inside a long transaction); True while the claim owns the run.
+
+        Called after a fenced effect that held the run's row locked: the worker's heartbeat
+        skips a locked row rather than wait for it, so the lease is extended here before a
+        peer could find it lapsed (docs/leases.md)."""
+        from runtime.db import connection
+        from runtime.models import Run
+
+        ttl = conf.lease_ttl()
+        if connection.vendor == "postgresql":
+            table = connection.ops.quote_name(Run._meta.db_table)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {table} SET lease_expires_at = clock_timestamp() + %s "
+                    "WHERE id = %s AND state = 'running' AND lease_owner = %s "
+                    "AND lease_epoch = %s",
+                    [ttl, self.run_id, self.worker_id, self.lease_epoch],
+                )
+                return cursor.rowcount > 0
+        from django.utils import timezone
+
+        return bool(self._lease().update(lease_expires_at=timezone.now() + ttl))
+
     async def astill_owner(self) -> bool:
         """``still_owner()`` for an ``async def`` tool."""
         return bool(await self._db(self.still_owner))
@@ -104,7 +129,10 @@ class ToolContext:
 
             with db.atomic():
                 self.fence()
-                return effect()
+                done = effect()
+                # Inside the transaction: the lease is live when the row lock is let go.
+                self.keep_lease()
+                return done
 
         return await self._db(fenced)
 

@@ -55,6 +55,19 @@ def _wanted() -> str | None:
     return "otlp" if any(os.environ.get(name) for name in endpoints) else None
 
 
+def switched_on_by() -> str | None:
+    """The environment variable that turns tracing on, with its value
+    (``"OTEL_TRACES_EXPORTER=console"``), for messages; None when tracing is off."""
+    if _wanted() is None:
+        return None
+    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "").strip()
+    if exporter.lower() in ("otlp", "console"):
+        return f"OTEL_TRACES_EXPORTER={exporter}"
+    endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    name = next(name for name in endpoints if os.environ.get(name))
+    return f"{name}={os.environ[name]}"
+
+
 def exporter_kind() -> str | None:
     """The exporter the environment asks for ("otlp" or "console"), or None (tracing off);
     either needs the ``otel`` extra (the OpenTelemetry SDK), which ``runtime.checks`` checks."""
@@ -62,13 +75,15 @@ def exporter_kind() -> str | None:
 
 
 def _configure() -> TracerProvider | None:
+    exporter_name = _wanted()
+    if exporter_name is None:
+        return None
+    # The SDK is the otel extra's: imported only once tracing is on, so that an install without
+    # the extra runs untraced (runtime.checks names the extra when the environment asks for it).
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-    exporter_name = _wanted()
-    if exporter_name is None:
-        return None
     if exporter_name == "console":
         exporter: Any = ConsoleSpanExporter()
     else:

@@ -56,7 +56,13 @@ from runtime.domain.webhooks import (
     next_attempt,
 )
 from runtime.errors import NotFound, WebhookRefused
-from runtime.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, new_webhook_secret
+from runtime.models import (
+    WebhookAttempt,
+    WebhookChange,
+    WebhookDelivery,
+    WebhookEndpoint,
+    new_webhook_secret,
+)
 
 log = logging.getLogger("runtime.webhooks")
 
@@ -90,9 +96,9 @@ def url_problem(url: str, allow: AllowList | None = None) -> str | None:
     """Why webhooks may not be sent to ``url``, or None: the one check of every surface (the
     API, the console, ``runtime_webhook``) and of every attempt. An http(s) URL httpx parses,
     with a host, without credentials, whitespace or control characters (a CR/LF would make
-    every attempt fail), at most 2000 characters, whose host is not internal by its name
-    (``domain.webhooks.host_problem``; the addresses a name resolves to are checked when
-    sending)."""
+    every attempt fail), with a port (if any) from 1 to 65535, at most 2000 characters, whose
+    host is not internal by its name (``domain.webhooks.host_problem``; the addresses a name
+    resolves to are checked when sending)."""
     if len(url) > MAX_URL:
         return f"the URL is longer than {MAX_URL} characters"
     if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in url):
@@ -105,6 +111,8 @@ def url_problem(url: str, allow: AllowList | None = None) -> str | None:
         return "the URL must be an http or https URL with a host"
     if parsed.userinfo:
         return "the URL must not hold credentials (user:password@): verify the signature instead"
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        return f"the URL's port must be 1 to 65535, not {parsed.port}"
     return host_problem(parsed.host, allow or allow_list())
 
 
@@ -132,19 +140,34 @@ def _secret(secret: str) -> str:
     return secret if secret.startswith("whsec_") else f"whsec_{secret}"
 
 
+def _record(endpoint: WebhookEndpoint, action: str, actor: str, **detail: Any) -> None:
+    WebhookChange.objects.create(
+        endpoint_id=endpoint.id,
+        endpoint_name=endpoint.name,
+        url=shown_url(endpoint.url),
+        action=action,
+        actor=actor[:200],
+        detail=detail,
+    )
+
+
 def create_endpoint(
     *, url: str, events: Iterable[str], name: str = "", secret: str = "", actor: str = ""
 ) -> WebhookEndpoint:
-    """Create an enabled endpoint; return it (its ``secret`` is generated unless given).
-    Raises WebhookRefused for a URL ``url_problem`` refuses, an unknown or empty event list,
-    or a secret that is not ``whsec_`` base64 of at least 24 bytes."""
-    return WebhookEndpoint.objects.create(
-        url=_url(url),
-        events=_events(events),
-        name=name[:100],
-        secret=_secret(secret) if secret else new_webhook_secret(),
-        created_by=actor[:150],
-    )
+    """Create an enabled endpoint; return it (its ``secret`` is generated unless given), and
+    record the change (``WebhookChange`` "create", by ``actor``). Raises WebhookRefused for a
+    URL ``url_problem`` refuses, an unknown or empty event list, or a secret that is not
+    ``whsec_`` base64 of at least 24 bytes; nothing is written then."""
+    with db.atomic():
+        endpoint = WebhookEndpoint.objects.create(
+            url=_url(url),
+            events=_events(events),
+            name=name[:100],
+            secret=_secret(secret) if secret else new_webhook_secret(),
+            created_by=actor[:150],
+        )
+        _record(endpoint, "create", actor, events=endpoint.events)
+    return endpoint
 
 
 def get_endpoint(endpoint_id: str) -> WebhookEndpoint:
@@ -155,6 +178,11 @@ def get_endpoint(endpoint_id: str) -> WebhookEndpoint:
     return endpoint
 
 
+def pending_count(endpoint_id: str) -> int:
+    """How many of the endpoint's deliveries are still pending (a delete drops them)."""
+    return WebhookDelivery.objects.filter(endpoint_id=endpoint_id, state="pending").count()
+
+
 def update_endpoint(
     endpoint_id: str,
     *,
@@ -163,28 +191,46 @@ def update_endpoint(
     name: str | None = None,
     enabled: bool | None = None,
     rotate_secret: bool = False,
+    actor: str = "",
 ) -> WebhookEndpoint:
     """Change what is given; return the endpoint. Events already in the outbox keep going to
-    it (a disabled endpoint's wait until it is enabled again). Raises NotFound and
+    it (a disabled endpoint's wait until it is enabled again). Each change is recorded
+    (``WebhookChange`` by ``actor``: "enable" / "disable" when ``enabled`` changes it,
+    "rotate" for a new secret, "update" for url, events or name). Raises NotFound and
     WebhookRefused (nothing is changed)."""
     endpoint = get_endpoint(endpoint_id)
+    changed = []
     if url is not None:
         endpoint.url = _url(url)
     if events is not None:
         endpoint.events = _events(events)
     if name is not None:
         endpoint.name = name[:100]
-    if enabled is not None:
+    if url is not None or events is not None or name is not None:
+        changed.append("update")
+    if enabled is not None and enabled != endpoint.enabled:
+        changed.append("enable" if enabled else "disable")
         endpoint.enabled = enabled
     if rotate_secret:
         endpoint.secret = new_webhook_secret()
-    endpoint.save()
+        changed.append("rotate")
+    with db.atomic():
+        endpoint.save()
+        for action in changed:
+            _record(endpoint, action, actor)
     return endpoint
 
 
-def delete_endpoint(endpoint_id: str) -> None:
-    """Delete the endpoint and its deliveries; raises NotFound."""
-    get_endpoint(endpoint_id).delete()
+def delete_endpoint(endpoint_id: str, *, actor: str = "") -> int:
+    """Delete the endpoint and its deliveries; return how many of them were pending, and
+    record the change (``WebhookChange`` "delete" with that count, by ``actor``). Raises
+    NotFound."""
+    with db.atomic():
+        endpoint = get_endpoint(endpoint_id)
+        pending = pending_count(endpoint_id)
+        _record(endpoint, "delete", actor, pending=pending)
+        endpoint.delete()
+    return pending
 
 
 def send_test(endpoint_id: str, *, actor: str = "") -> WebhookDelivery:

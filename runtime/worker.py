@@ -13,7 +13,8 @@ up to ``CLAIM_BATCH`` runs and returns everything their drivers need (the commit
 the thread's version and messages, the run's metadata), so a claimed run is driven without
 another read. Every commit of the owner is fenced on (owner, epoch), so a stale owner whose
 lease expired can write nothing more. Leases are stamped and judged on the database's clock.
-One heartbeat renews all the leases the worker holds in one statement.
+One heartbeat, on a thread and connection of its own, renews all the leases the worker holds
+in one statement that skips rows locked by a fenced effect or a commit (docs/leases.md).
 
 Poison: a run whose driving raised ``RUNTIME_POISON_CLAIMS`` times without a commit ends as
 Ended(indeterminate). A claim lost with its worker (the process died) does not point at the
@@ -56,6 +57,7 @@ from runtime.domain.model import EndCause, RunState
 from runtime.errors import LeaseLost
 from runtime.loop import Frontier, Services, ThreadPool, WaitForLimit, drive
 from runtime.loop.driver import MESSAGE_COLUMNS, committed_message
+from runtime.mcp.processes import kill_servers
 from runtime.models import MessageRecord, Run, Thread
 from runtime.operations import end_run
 from runtime.providers import Providers
@@ -65,8 +67,18 @@ log = logging.getLogger("runtime.worker")
 
 TIMER_CHECK_SECONDS = 1.0  # a worker looks for due timers at most this often
 DEFAULT_MAX_INFLIGHT = 100  # runs one worker drives at once (runtime_worker --max-inflight)
+# A worker whose event loop has not turned for this long (and a lease) stops renewing its
+# leases: it is as good as dead to its runs (a backlog on a loaded machine is far shorter).
+LOOP_STALL_SECONDS = 10.0
 CLAIM_BATCH = 100  # runs claimed in one statement at most (several workers share a burst)
 SERVING: weakref.WeakSet[Worker] = weakref.WeakSet()  # the workers serving in this process
+
+
+def leave_now(signum: int) -> None:
+    """Exit the process at once (a second stop signal): the stdio MCP servers it started are
+    killed with their process groups first, or they would outlive it. Never returns."""
+    kill_servers()
+    os._exit(128 + signum)
 
 
 def default_worker_id() -> str:
@@ -240,21 +252,66 @@ def connection_lost(exc: BaseException) -> bool:
     return sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03") or not sqlstate
 
 
-def renew(held: dict[str, Lease]) -> tuple[set[str], set[str]]:
-    """Renew every lease in ``held`` (run id -> lease) in one statement; return the ids whose
-    lease was renewed, and those of them an operator paused. A run missing from the answer
-    left Running behind its owner's back (an operator's cancel) or was taken over by another
-    worker. A paused run keeps its lease until its driver lets it go: the call in flight
-    finishes and its result is committed (README, "Pause")."""
+def renew(held: dict[str, Lease]) -> tuple[set[str], set[str], set[str]]:
+    """Renew the leases in ``held`` (run id -> lease) without waiting on any lock; return the
+    ids this worker still owns, those of them an operator paused, and those another worker
+    took over (claimed: a new lease epoch). A run in none of them left Running (its own last
+    commit, or an operator's cancel behind its owner's back). A paused run keeps its lease
+    until its driver lets it go: the call in flight finishes and its result is committed
+    (README, "Pause").
+
+    On PostgreSQL the renewal skips rows another transaction holds locked (a fenced effect or
+    a commit of the run, which renews the lease itself; a peer's claim skips such a row too)
+    and gives up on any other lock after a heartbeat (``lock_timeout``): a skipped run is
+    still owned and is renewed at the next beat. Raises the database's error (OperationalError
+    for a timeout) when the beat could not be made."""
     if not held:
-        return set(), set()
-    owned = Q()
-    for run_id, lease in held.items():
-        owned |= Q(id=run_id, lease_owner=lease.worker_id, lease_epoch=lease.epoch)
-    mine = Run.objects.filter(owned, state="running")
-    mine.update(lease_expires_at=db_later(conf.lease_ttl()))
-    rows = list(mine.values_list("id", "paused"))
-    return {run_id for run_id, _ in rows}, {run_id for run_id, paused in rows if paused}
+        return set(), set(), set()
+    if db.connection.vendor == "postgresql":
+        rows = _renew_postgres(held)
+    else:
+        owned = Q()
+        for run_id, lease in held.items():
+            owned |= Q(id=run_id, lease_owner=lease.worker_id, lease_epoch=lease.epoch)
+        mine = Run.objects.filter(owned, state="running")
+        mine.update(lease_expires_at=db_later(conf.lease_ttl()))
+        rows = list(mine.values_list("id", "paused"))
+    mine_now = {run_id for run_id, _ in rows}
+    gone = held.keys() - mine_now
+    # Rare (a run that just ended, or was taken over): one primary-key read of those.
+    epochs = dict(Run.objects.filter(id__in=gone).values_list("id", "lease_epoch")) if gone else {}
+    taken = {run_id for run_id in gone if epochs.get(run_id) != held[run_id].epoch}
+    return mine_now, {run_id for run_id, paused in rows if paused}, taken
+
+
+def _renew_postgres(held: dict[str, Lease]) -> list[tuple[str, bool]]:
+    run = Run._meta.db_table
+    ids, epochs = list(held), [lease.epoch for lease in held.values()]
+    owner = next(iter(held.values())).worker_id  # one worker's leases
+    mine = (
+        f"SELECT r.id, r.paused FROM {run} AS r "
+        "JOIN unnest(%s::varchar[], %s::bigint[]) AS h(id, epoch) "
+        "  ON r.id = h.id AND r.lease_epoch = h.epoch "
+        "WHERE r.lease_owner = %s AND r.state = 'running'"
+    )
+    wait = max(1, int(conf.heartbeat_seconds() * 1000))
+    with db.atomic(), db.connection.cursor() as cursor:
+        # SET LOCAL: only this transaction; the connection serves nothing else anyway.
+        cursor.execute(f"SET LOCAL lock_timeout = {wait}")
+        cursor.execute(f"SET LOCAL statement_timeout = {max(wait, 1000)}")
+        cursor.execute(
+            f"WITH free AS ({mine} FOR UPDATE OF r SKIP LOCKED) "
+            f"UPDATE {run} AS r SET lease_expires_at = now() + %s FROM free WHERE r.id = free.id",
+            [ids, epochs, owner, conf.lease_ttl()],
+        )
+        renewed = cursor.rowcount
+        # A plain read sees the committed owner of the rows skipped above, without a lock.
+        cursor.execute(mine, [ids, epochs, owner])
+        rows = cursor.fetchall()
+    if renewed < len(rows):
+        skipped = len(rows) - renewed
+        log.info("heartbeat: %d of %d runs locked; renewed at the next beat", skipped, len(rows))
+    return rows
 
 
 def problems() -> list[str]:
@@ -300,6 +357,7 @@ class Worker:
         self.until_idle = until_idle
         self.shares_process = shares_process  # with a server's requests (runtime_serve)
         self.stopping = threading.Event()
+        self.turned = time.monotonic()  # when the event loop last ran _turning (the heartbeat's)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.wake = asyncio.Event()
         self.held: dict[str, Held] = {}
@@ -386,16 +444,19 @@ class Worker:
         # Each of those threads keeps a connection for its whole life: the pool holds as many
         # (more for the requests of a server that the worker runs in).
         if self.shares_process:
-            reserve_connections(pool.size + tools.size)
+            reserve_connections(pool.size + tools.size + 1)
         else:
-            size_pool(pool.size + tools.size)
+            size_pool(pool.size + tools.size + 1)
         services = Services(db=pool.run, tools=tools, providers=Providers())
         commit_announced.connect(self._on_commit, weak=False, dispatch_uid=id(self))
         # Registered before the worker claims anything, so a held run always names a known
         # worker.
         await self._registry(services, registry.register, self.worker_id, self.max_inflight)
         await self._registry(services, registry.forget_expired)
-        background = [asyncio.ensure_future(self._heartbeat(services))]
+        # The heartbeat's thread keeps one more connection: its beats queue behind nothing.
+        beats, stop_beats = ThreadPool(1, "heartbeat"), threading.Event()
+        background = [asyncio.wrap_future(beats.submit(self._heartbeats, stop_beats))]
+        background.append(asyncio.ensure_future(self._turning()))
         # Webhook deliveries: a task of their own beside the runs, never on a run's path.
         background.append(
             asyncio.ensure_future(webhooks.Deliverer(self.worker_id, pool.run).serve())
@@ -407,9 +468,11 @@ class Worker:
         finally:
             self._halt_all()
             await asyncio.gather(*self.drivers, return_exceptions=True)
-            for task in background:
+            stop_beats.set()
+            for task in background[1:]:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            beats.close()
             commit_announced.disconnect(dispatch_uid=id(self))
             # A stopping worker is not held up by a busy database: unrecorded, it turns
             # stale instead of stopped.
@@ -472,35 +535,80 @@ class Worker:
         self.timers_checked = time.monotonic()
         return int(await services.db(timers.fire_due))
 
-    async def _heartbeat(self, services: Services) -> None:
-        """Every RUNTIME_HEARTBEAT_SECONDS: renew the held leases (releasing the drivers of
-        runs whose lease could not be renewed) and the worker's registry row."""
+    def _heartbeats(self, stop: threading.Event) -> None:
+        """Every RUNTIME_HEARTBEAT_SECONDS until ``stop``: renew the held leases (releasing the
+        drivers of runs whose lease could not be renewed) and the worker's registry row.
+
+        Runs on a thread and connection of its own: a beat never waits for the event loop
+        (however many runs it drives), for the database threads' queue, or for a row lock a
+        tool or a commit holds (``renew``)."""
         forgot_at = time.monotonic()  # serve() forgot just now
-        while True:
-            await asyncio.sleep(conf.heartbeat_seconds())
-            held = {run_id: h.lease for run_id, h in self.held.items()}
-            try:
-                renewed, paused = await services.db(renew, held)
-            except Exception as exc:  # a DB blip: the next beat tries again
-                if not self.observe(exc):
-                    log.exception("heartbeat failed; retrying at the next beat")
-            else:
-                self.observe(None)
-                for run_id in held.keys() - renewed:
-                    if (lost := self.held.get(run_id)) is not None:
-                        log.warning("run %s: lease lost or run ended by another writer", run_id)
-                        lost.release.set()
-                        lost.halt.set()
-                for run_id in paused:
-                    self._let_go(run_id)
-            await self._registry(services, registry.heartbeat, self.worker_id)
+        beat = conf.heartbeat_seconds()
+        due = time.monotonic() + beat
+        while not stop.wait(max(0.0, due - time.monotonic())):
+            due = max(due + beat, time.monotonic())  # a late beat does not shift the next ones
+            keep_usable()
+            self._beat()
+            self._write_registry(registry.heartbeat, self.worker_id)
             if self.reported != self.problem:  # written once a connection allows
                 reason = self.problem[1] if self.problem else ""
-                if await self._registry(services, registry.report, self.worker_id, reason):
+                if self._write_registry(registry.report, self.worker_id, reason):
                     self.reported = self.problem
             if time.monotonic() >= forgot_at + registry.FORGET_EVERY_SECONDS:
                 forgot_at = time.monotonic()
-                await self._registry(services, registry.forget_expired)
+                self._write_registry(registry.forget_expired)
+
+    async def _turning(self) -> None:
+        """Note every heartbeat that the event loop still turns: the heartbeat's thread renews
+        the leases of the runs it drives only while it does."""
+        while True:
+            self.turned = time.monotonic()
+            await asyncio.sleep(conf.heartbeat_seconds())
+
+    def _beat(self) -> None:
+        """One renewal of the held leases (on the heartbeat's thread); the drivers to stop
+        or let go are told on the event loop. A loop that has not turned for a lease (and
+        LOOP_STALL_SECONDS) drives nothing: its runs' leases are left to lapse."""
+        stalled = time.monotonic() - self.turned
+        if stalled > max(conf.lease_ttl().total_seconds(), LOOP_STALL_SECONDS):
+            log.error("worker %s: its event loop stalled for %.0f s", self.worker_id, stalled)
+            return
+        held = {run_id: h.lease for run_id, h in self.held.copy().items()}
+        try:
+            renewed, paused, taken = renew(held)
+        except Exception as exc:  # a DB blip or a timeout: the next beat tries again
+            if not self.observe(exc):
+                log.warning("heartbeat failed; retrying at the next beat", exc_info=True)
+            return
+        self.observe(None)
+        for run_id in held.keys() - renewed:
+            self._call_soon(partial(self._lost, run_id, held[run_id], run_id in taken))
+        for run_id in paused:
+            self._call_soon(partial(self._let_go, run_id))
+
+    def _lost(self, run_id: str, lease: Lease, taken: bool) -> None:
+        """Stop the driver of a run this worker no longer owns: ``taken`` over by another
+        worker (a warning: a live worker should never lose one), or no longer Running (its
+        own last commit, just before the heartbeat read it, or an operator's cancel)."""
+        if (lost := self.held.get(run_id)) is not None and lost.lease == lease:
+            if taken:
+                log.warning("run %s: lease lost; another worker took the run over", run_id)
+            else:
+                log.info("run %s: ended by another writer (or by its own last commit)", run_id)
+            lost.release.set()
+            lost.halt.set()
+
+    def _write_registry(self, write: Any, *args: Any) -> bool:
+        """Write to the worker's registry row here (the heartbeat's thread); False when it
+        failed (logged, never raised: the registry is for operators, it never stops a
+        worker)."""
+        try:
+            write(*args)
+        except Exception as exc:
+            if not self.observe(exc):
+                log.warning("worker %s: registry write failed", self.worker_id, exc_info=True)
+            return False
+        return True
 
     async def _registry(self, services: Services, write: Any, *args: Any) -> bool:
         """Write to the worker's registry row; False when it failed (logged, never raised:

@@ -9,14 +9,16 @@
 #    that are not active, and fail when run).
 # 2. Keeps a virtualenv at .venv, recreating it when its Python is missing, broken or < 3.12
 #    (or differs from an explicitly set $PYTHON).
-# 3. Runs `pip install -e ".[all,project]"` (scripts/start: the product with every optional
-#    extra of the runtime, openai, anthropic, mcp, otel, redis, and what this repository's
-#    project settings use, whitenoise and dj-database-url) or `pip install -e ".[test]"` (with
-#    RT_EXTRAS=test, as scripts/test sets it; the test set includes [all,project]) only when
-#    pyproject.toml changed since the last successful install of that set (its sha256 is kept
-#    per set: .venv/.pyproject.sha256 for the product, .venv/.pyproject.test.sha256 for the
-#    test tools). Shows each package as
-#    pip collects it; on failure the tail of .venv/pip-install.log is shown.
+# 3. Installs the locked set, exact versions with their hashes, then the project itself
+#    (editable, no dependencies): requirements/start.txt for scripts/start (the product with
+#    every optional extra of the runtime, openai, anthropic, mcp, otel, redis, and what this
+#    repository's project settings use, whitenoise and dj-database-url), requirements/test.txt
+#    with RT_EXTRAS=test, as scripts/test sets it (the test tools besides). Nothing is resolved
+#    anew: a fresh clone installs what CI tested, on any day; scripts/lock renews the lock.
+#    It installs only when pyproject.toml or the lock file changed since the last successful
+#    install of that set (their sha256 is kept per set: .venv/.pyproject.sha256 for the
+#    product, .venv/.pyproject.test.sha256 for the test tools). Shows each package as pip
+#    collects it; on failure the tail of .venv/pip-install.log is shown.
 # 4. Puts .venv/bin first on PATH, so `python` below means the project's interpreter.
 #
 # Returns non-zero (callers: `source scripts/_python.sh || exit 1`) with a message on stderr.
@@ -104,9 +106,16 @@ _rt_find_python() {
     return 1
 }
 
+# The lock file of the set being installed.
+_rt_lock="$_rt_root/requirements/${_rt_extras:-start}.txt"
+
+# Prints the sha256 of pyproject.toml and the lock file $1 together.
 _rt_hash_pyproject() {
     "$_rt_venv/bin/python" -c 'import hashlib, sys
-print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$_rt_root/pyproject.toml"
+h = hashlib.sha256()
+for path in sys.argv[1:]:
+    h.update(open(path, "rb").read())
+print(h.hexdigest())' "$_rt_root/pyproject.toml" "$1"
 }
 
 _rt_ensure_env() {
@@ -137,7 +146,7 @@ _rt_ensure_env() {
         fi
     fi
 
-    hash="$(_rt_hash_pyproject)" || return 1
+    hash="$(_rt_hash_pyproject "$_rt_lock")" || return 1
     if [[ ! -f "$_rt_stamp" || "$(cat "$_rt_stamp")" != "$hash" ]]; then
         _rt_install "$hash" || return 1
     fi
@@ -164,23 +173,30 @@ _rt_progress() {
 }
 
 _rt_install() {
-    local hash="$1" log="$_rt_venv/pip-install.log" spec=".[all,project]" what="the project" status
+    local hash="$1" log="$_rt_venv/pip-install.log" what="the project" status
     if [[ -n "$_rt_extras" ]]; then
-        spec=".[$_rt_extras]"
         what="the project and its $_rt_extras tools"
     fi
-    _rt_say "installing $what into .venv (pyproject.toml changed; the first time takes a minute or two)"
+    _rt_say "installing $what into .venv from ${_rt_lock#"$_rt_root"/} (the first time takes a minute or two)"
     rm -f "$_rt_stamp" # a failed or interrupted install is retried next time
-    (cd "$_rt_root" && "$_rt_venv/bin/python" -m pip install \
-        --disable-pip-version-check --no-input -e "$spec") 2>&1 | tee "$log" | _rt_progress
+    # --require-hashes: every package at its locked version and bytes; the project itself has no
+    # dependencies left to resolve (--no-deps) and builds with the locked setuptools.
+    (cd "$_rt_root" && "$_rt_venv/bin/python" -m pip install --disable-pip-version-check \
+        --no-input --require-hashes --no-deps -r "$_rt_lock" &&
+        "$_rt_venv/bin/python" -m pip install --disable-pip-version-check --no-input \
+            --no-deps --no-build-isolation -e .) 2>&1 | tee "$log" | _rt_progress
     status="${PIPESTATUS[0]}"
     if [[ "$status" != 0 ]]; then
-        _rt_err "pip install -e \"$spec\" failed; last lines of $log:"
+        _rt_err "installing from ${_rt_lock#"$_rt_root"/} failed; last lines of $log:"
         tail -n 40 "$log" >&2
         return 1
     fi
     echo "$hash" >"$_rt_stamp"
-    echo "$hash" >"$_rt_product_stamp"
+    if [[ -n "$_rt_extras" ]]; then
+        # The test set holds the product's set: scripts/start need not install again.
+        # (scripts/lock compiles start.txt within test.txt's versions.)
+        _rt_hash_pyproject "$_rt_root/requirements/start.txt" >"$_rt_product_stamp"
+    fi
     _rt_say "installed"
     return 0
 }
@@ -198,6 +214,12 @@ _rt_run_locked() {
     fi
     return "$status"
 }
+
+# scripts/lock needs only an interpreter, not the project's environment.
+if [[ -n "${RT_FIND_PYTHON_ONLY:-}" ]]; then
+    _rt_find_python || return 1
+    return 0
+fi
 
 if ! _rt_run_locked; then
     unset _rt_python

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 
 from tests.subprocesses import subprocess_database_url
 
@@ -158,3 +158,41 @@ def failing_reads_of(table: str, timeout_ms: int = 200) -> Iterator[None]:
 
     with connection.execute_wrapper(refuse):
         yield
+
+
+@contextmanager
+def connection_lost_after_commit(table: str) -> Iterator[list[int]]:
+    """Lose this thread's connection right after the commit of the first write of the block
+    that inserts into ``table``: the commit is durable, and the request that made it
+    fails with an OperationalError, as when the network or the server goes away between the
+    commit and the answer. Yields a list that holds 1 once the fault struck.
+
+    PostgreSQL: a real fault (the session's backend is ended with ``pg_terminate_backend``,
+    and the next statement finds its connection gone). SQLite has no server to lose: the
+    OperationalError of a lost connection is raised after the commit instead.
+    """
+    struck: list[int] = []
+    armed: list[int] = []
+    quoted = connection.ops.quote_name(table)
+
+    def lose() -> None:
+        struck.append(1)
+        if connection.vendor != "postgresql":
+            raise OperationalError("the connection was lost after the commit")
+        pid = _kept_session()
+        admin, _ = _admin()
+        with admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")  # the server closed the connection
+        raise AssertionError("the terminated session answered")
+
+    def watch(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not armed and f"INSERT INTO {quoted}" in sql:
+            armed.append(1)
+            transaction.on_commit(lose)  # at once, outside a transaction: after its autocommit
+        return result
+
+    with connection.execute_wrapper(watch):
+        yield struck

@@ -6,6 +6,7 @@ when it is missing."""
 
 from __future__ import annotations
 
+import re
 import sys
 import tomllib
 
@@ -70,8 +71,11 @@ def test_the_core_needs_neither_and_the_project_extra_brings_both():
     assert not _requirement_names(project["dependencies"]) & set(PROJECT_ONLY)
     assert _requirement_names(extras["project"]) == set(PROJECT_ONLY)
     assert "durable-agent-runtime[all,project]" in extras["test"]  # scripts/test
-    # scripts/start (through scripts/_python.sh) installs the product with it.
-    assert 'spec=".[all,project]"' in (ROOT / "scripts" / "_python.sh").read_text()
+    # scripts/start (through scripts/_python.sh) installs the locked product set, which has it.
+    start_lock = (ROOT / "requirements" / "start.txt").read_text()
+    assert "--extra all --extra project" in (ROOT / "scripts" / "lock").read_text()
+    for name in PROJECT_ONLY:
+        assert re.search(rf"^{re.escape(name)}==", start_lock, re.MULTILINE | re.IGNORECASE), name
 
 
 @pytest.mark.slow

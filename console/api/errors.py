@@ -19,7 +19,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
@@ -70,6 +70,13 @@ class UnsupportedMediaType(RuntimeFault):
 
     code = "unsupported_media_type"
     status = 415
+
+
+class InvalidEncoding(RuntimeFault):
+    """A JSON body is UTF-8 without a byte order mark (RFC 8259 §8.1)."""
+
+    code = "invalid_encoding"
+    status = 400
 
 
 def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -159,18 +166,28 @@ def install(api: NinjaAPI) -> None:
     def on_exception(request: HttpRequest, exc: Exception) -> HttpResponse:
         if db.unavailable(exc):  # a fault of the database, not of the request: 503, retry
             log.warning("database unavailable in %s %s: %s", request.method, request.path, exc)
-            return fault_response(DatabaseUnavailable())
+            return fault_response(DatabaseUnavailable.timed_out(db.timed_out(exc)))
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(500, "internal_error", "internal server error")
 
 
 def bad_request_view(request: HttpRequest, exception: Exception) -> HttpResponse:
     """Django's 400 handler (``handler400``): what Django refuses before any view runs (a
-    Host header it does not serve, say) has the API's error shape under the API's prefix,
-    and Django's own page elsewhere. The reason is not echoed: it may name settings."""
+    Host header it does not serve, a multipart body it cannot parse) has the API's error
+    shape under the API's prefix, and Django's own page elsewhere. The reason is not echoed:
+    it may name settings."""
     if is_api_path(request.path):
-        return error_response(400, "bad_request", "the request is malformed")
+        return malformed_request(request.path)
     return defaults.bad_request(request, exception)
+
+
+def malformed_request(path: str) -> HttpResponse:
+    """The 400 for a request to ``path`` that cannot be read: ``bad_request`` in the API's
+    error shape under the API's prefix, a bare 400 (Django's own) elsewhere. Also for a
+    request Django could not make at all (``console.asgi``), which no view or handler sees."""
+    if is_api_path(path):
+        return error_response(400, "bad_request", "the request is malformed")
+    return HttpResponseBadRequest()
 
 
 @csrf_exempt  # the API authenticates by token; a POST to no operation is a 404, not a 403 page

@@ -40,7 +40,7 @@ from console.api.schemas import MAX_SEQ, Id
 from console.db import ACCESS_FRESH, ACCESS_SECONDS, SharedAnswers, off_loop
 from console.models import READ
 from runtime.errors import NotFound
-from runtime.live import bind_to_running_loop, run_group
+from runtime.live import Viewing, bind_to_running_loop, run_group
 from runtime.models import Run, ThreadCommit
 
 router = Router(tags=["runs"])
@@ -244,8 +244,11 @@ async def stream_run(
     deadline = loop.time() + timeout if timeout is not None else None
     layer = get_channel_layer()
     group, channel = run_group(run_id), None
+    viewing = Viewing(run_id) if live else None  # only a stream of deltas asks for them
     if layer is not None:
         bind_to_running_loop()  # this process's live sends go to the loop viewers are on
+        if viewing is not None:
+            await viewing.start()
         # Join before the first read, so a commit landing in between still wakes us.
         channel = await layer.new_channel()
         await layer.group_add(group, channel)
@@ -288,6 +291,8 @@ async def stream_run(
             elif message.get("type") == "run.delta" and live:
                 yield _delta_event(message)
     finally:
+        if viewing is not None:
+            await viewing.stop()
         watch.leave(run_id, watched)
         await inbox.close()
         if layer is not None and channel is not None:

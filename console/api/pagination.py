@@ -3,6 +3,13 @@
 A cursor is the opaque, URL-safe encoding of the last item's (created_at, id); the next page
 holds the rows strictly after it in the listing's order, so rows inserted meanwhile never shift
 a page.
+
+The "after the cursor" condition is one row comparison, ``(created_at, id) < (X, Y)``, not
+``created_at < X OR (created_at = X AND id < Y)``: PostgreSQL reads a row comparison as an
+index condition on a (created_at, id) index and starts the scan at the cursor, where the OR is
+a filter over every row newer than it (issue 28: 833 ms deep in 195k runs). SQLite has row
+values since 3.15 (runtime.keyset.RowCompare). Each paged table has a matching (created_at,
+id) index.
 """
 
 from __future__ import annotations
@@ -14,9 +21,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Model, QuerySet
 
 from console.api.errors import InvalidCursor
+from runtime.keyset import RowCompare
 from runtime.untrusted import is_id
 
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"
@@ -51,8 +59,7 @@ def keyset_page[M: Model](
     """Return one page of ``rows`` ordered by (field, pk) and the cursor of the next page."""
     if cursor is not None:
         at, pk = decode_cursor(cursor)
-        op = "lt" if newest_first else "gt"
-        rows = rows.filter(Q(**{f"{field}__{op}": at}) | Q(**{field: at, f"pk__{op}": pk}))
+        rows = rows.filter(RowCompare((field, "pk"), "<" if newest_first else ">", (at, pk)))
     sign = "-" if newest_first else ""
     page = list(rows.order_by(f"{sign}{field}", f"{sign}pk")[: limit + 1])
     if len(page) <= limit:

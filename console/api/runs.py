@@ -70,8 +70,9 @@ class RunFilters(Schema):
         min_length=1,
         max_length=500,
         description="free text in the runs' input, answers and tool arguments (PostgreSQL: "
-        'full text search, words ANDed, "phrases", -excluded; SQLite: the whole text, '
-        "case-insensitive), or a run, thread or operation id prefix",
+        'full text search of each text\'s first 100,000 characters, words ANDed, "phrases", '
+        "-excluded; SQLite: the whole text, case-insensitive), or a run, thread or operation "
+        "id prefix",
     )
     since: datetime | None = Field(None, description="created at or after (ISO 8601)")
     until: datetime | None = Field(None, description="created before (ISO 8601)")
@@ -104,8 +105,14 @@ class RunFilters(Schema):
             raise InvalidCommit(str(exc)) from None
 
 
-def start(request: HttpRequest, payload: RunIn, thread_id: str | None = None) -> Status[Any]:
-    """Start a run of ``payload.agent`` (on ``thread_id``, or on a new thread): 201 the run."""
+def start(
+    request: HttpRequest,
+    payload: RunIn,
+    thread_id: str | None = None,
+    idempotency_key: str | None = None,
+) -> Status[Any]:
+    """Start a run of ``payload.agent`` (on ``thread_id``, or on a new thread), once per
+    idempotency key when one is given: 201 the run."""
     run_id = operations.start_run(
         agent=payload.agent,
         input=payload.input
@@ -114,6 +121,7 @@ def start(request: HttpRequest, payload: RunIn, thread_id: str | None = None) ->
         metadata=payload.metadata,
         thread_id=thread_id,
         actor=actor(request),
+        idempotency_key=idempotency_key,
     )
     return Status(201, run_out(run_id))
 
@@ -125,10 +133,18 @@ def start(request: HttpRequest, payload: RunIn, thread_id: str | None = None) ->
     by_alias=True,
     summary="Start a run on a new thread",
 )
-def start_run(request: HttpRequest, payload: RunIn) -> Status[Any]:
+def start_run(
+    request: HttpRequest, payload: RunIn, idempotency_key: IdempotencyKey = None
+) -> Status[Any]:
     """Start a run on a new thread. 404 ``unknown_agent`` lists the known agents under
-    ``detail.known``; a metadata script the scripted model refuses is 422 ``script_refused``."""
-    return start(request, payload)
+    ``detail.known``; a metadata script the scripted model refuses is 422 ``script_refused``.
+
+    With an ``Idempotency-Key`` (scoped to the token's user, one scope for starts and forks)
+    the run and its key are committed in one transaction: the same key with the same body
+    gets 201 the run it started (as it is now) and starts nothing, also when the first
+    answer was lost after the commit (a 503: send it again with the key); the same key with
+    another body is 422 ``idempotency_key_reused``."""
+    return start(request, payload, idempotency_key=idempotency_key)
 
 
 @router.get(
@@ -349,16 +365,25 @@ def pause_run(
     by_alias=True,
     summary="Fork a run from a step onto a new thread",
 )
-def fork_run(request: HttpRequest, run_id: Id, payload: ForkIn) -> Status[Any]:
+def fork_run(
+    request: HttpRequest, run_id: Id, payload: ForkIn, idempotency_key: IdempotencyKey = None
+) -> Status[Any]:
     """Start a new run on a new thread whose committed history is this run's up to the end of
     step ``at_step`` (copied: nothing is executed again), then ``input`` if given; 201 the new
     run. It names its source in ``metadata.forked_from``; the source is never changed. 409
-    ``fork_refused`` when the run has no such step or it has not finished."""
+    ``fork_refused`` when the run has no such step or it has not finished.
+
+    With an ``Idempotency-Key`` (scoped to the token's user, one scope for starts and forks)
+    the fork and its key are committed in one transaction: the same key with the same source,
+    ``at_step`` and ``input`` gets 201 the fork it made (as it is now) and forks nothing,
+    also when the first answer was lost after the commit; the same key with another body is
+    422 ``idempotency_key_reused``."""
     text = payload.input
     fork = operations.fork_run(
         run_id,
         at_step=payload.at_step,
         input=text if text is None or isinstance(text, str) else [m.model_dump() for m in text],
         actor=actor(request),
+        idempotency_key=idempotency_key,
     )
     return Status(201, run_out(fork))

@@ -12,6 +12,7 @@ from console.api import runs
 from console.api.auth import operate_auth, read_auth
 from console.api.documents import SUMMARY_FIELDS, run_summary
 from console.api.errors import errors
+from console.api.runs import IdempotencyKey
 from console.api.schemas import Id, RunIn, RunOut, ThreadIn, ThreadOut
 from runtime import operations
 from runtime.documents import snapshot
@@ -83,8 +84,12 @@ def get_thread(request: HttpRequest, thread_id: Id) -> dict[str, Any]:
     by_alias=True,
     summary="Start a run on a thread",
 )
-def start_thread_run(request: HttpRequest, thread_id: Id, payload: RunIn) -> Status[Any]:
+def start_thread_run(
+    request: HttpRequest, thread_id: Id, payload: RunIn, idempotency_key: IdempotencyKey = None
+) -> Status[Any]:
     """Start a run on the thread. 409 ``run_active`` when the thread has a run that has not
     ended (``detail.active_run_id``); 404 ``unknown_agent`` lists the known agents under
-    ``detail.known``."""
-    return runs.start(request, payload, thread_id=thread_id)
+    ``detail.known``. An ``Idempotency-Key`` works as for ``POST /runs``: the same key and
+    body get 201 the run it started (also after the thread's run has ended), another body
+    422 ``idempotency_key_reused``."""
+    return runs.start(request, payload, thread_id=thread_id, idempotency_key=idempotency_key)

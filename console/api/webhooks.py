@@ -162,6 +162,7 @@ def change_endpoint(request: HttpRequest, endpoint_id: Id, payload: EndpointPatc
         name=payload.name,
         enabled=payload.enabled,
         rotate_secret=payload.rotate_secret,
+        actor=actor(request),
     )
     return webhooks.endpoint_document(endpoint, secret=payload.rotate_secret)
 
@@ -174,7 +175,7 @@ def change_endpoint(request: HttpRequest, endpoint_id: Id, payload: EndpointPatc
 )
 def delete_endpoint(request: HttpRequest, endpoint_id: Id) -> Status:
     """Delete the endpoint with its deliveries and their log."""
-    webhooks.delete_endpoint(endpoint_id)
+    webhooks.delete_endpoint(endpoint_id, actor=actor(request))
     return Status(204, None)
 
 

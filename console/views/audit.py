@@ -1,12 +1,16 @@
-"""The audit page: every operator decision (approve, deny, input, cancel, reconcile), newest
-first, filterable by actor, decision, agent, run and time, with the notes each carried. The
-runtime's own answers (timer fires, child runs' ends, a parent's cancel of its children) are
-left out unless ``runtime`` asks for them.
+"""The audit page: every operator decision (approve, deny, input, cancel, reconcile, pause,
+resume, webhook changes), newest first, filterable by actor, decision, agent, run and time,
+with the notes each carried. The runtime's own answers (timer fires, child runs' ends, a
+parent's cancel of its children) are left out unless ``runtime`` asks for them.
 
 Decisions come from the committed projections, never from a separate audit table: answered
 tickets (``Ticket``, their notes from the closing commit), reconciliations
-(``ReconciliationRecord``) and cancellations (the ``ThreadCommit`` that ended a run
-``cancelled``). Each source is queried with the filters and cut to one page, then merged.
+(``ReconciliationRecord``), cancellations (the ``ThreadCommit`` that ended a run
+``cancelled``), pauses and resumes (the ``ThreadCommit`` whose first event is a ``RunPaused`` or
+a ``RunResumed``, by the partial index ``commit_pause_recent``); webhook endpoint changes are
+operational configuration, not thread truth, and come from ``WebhookChange``. Each source is
+queried with the filters and cut to one page, then merged. A decision the form does not know is
+refused (400, no entries), never read as "any decision".
 """
 
 from __future__ import annotations
@@ -24,10 +28,26 @@ from console.models import READ
 from console.views.common import HtmxHttpRequest, needs, render_page
 from console.views.tickets import attach_notes
 from runtime.agents import registry
-from runtime.models import ReconciliationRecord, ThreadCommit, Ticket
+from runtime.models import (
+    PAUSE_EVENTS,
+    ReconciliationRecord,
+    ThreadCommit,
+    Ticket,
+    WebhookChange,
+)
 
 PAGE = 100
-DECISIONS = ("approve", "deny", "input", "respond", "cancel", "reconcile")
+DECISIONS = (
+    "approve",
+    "deny",
+    "input",
+    "respond",
+    "cancel",
+    "reconcile",
+    "pause",
+    "resume",
+    "webhook",
+)
 
 
 class AuditFilterForm(forms.Form):
@@ -78,11 +98,26 @@ class Entry:
     at: datetime
     actor: str
     decision: str
-    run_id: str
+    run_id: str  # "" for a webhook change
     agent: str
     what: str
     note: str
     seq: int | None
+    endpoint_id: str = ""  # a webhook change's endpoint (it may be deleted since)
+
+
+def _narrowed(
+    rows: QuerySet[Any], data: dict[str, Any], *, actor: str = "actor", run: str = "run"
+) -> QuerySet[Any]:
+    """``rows`` of the filter's actor, agent and run: ``actor`` names the rows' actor field,
+    ``run`` the path to their run (``call__run`` for a reconciliation)."""
+    if data.get("actor"):
+        rows = rows.filter(**{actor: data["actor"]})
+    if data.get("agent"):
+        rows = rows.filter(**{f"{run}__agent": data["agent"]})
+    if data.get("run"):
+        rows = rows.filter(**{f"{run}_id": data["run"]})
+    return rows
 
 
 def _window(rows: QuerySet[Any], field: str, data: dict[str, Any]) -> QuerySet[Any]:
@@ -99,13 +134,7 @@ def _answers(data: dict[str, Any]) -> list[Entry]:
         rows = rows.filter(decision=data["decision"])
     elif data.get("decision"):
         return []
-    if data.get("actor"):
-        rows = rows.filter(closed_by=data["actor"])
-    if data.get("agent"):
-        rows = rows.filter(run__agent=data["agent"])
-    if data.get("run"):
-        rows = rows.filter(run_id=data["run"])
-    rows = _people(rows, "closed_by", data)
+    rows = _people(_narrowed(rows, data, actor="closed_by"), "closed_by", data)
     page = attach_notes(
         list(_window(rows, "closed_at", data).defer("run__snapshot").order_by("-closed_at")[:PAGE])
     )
@@ -131,12 +160,7 @@ def _reconciliations(data: dict[str, Any]) -> list[Entry]:
     if data.get("decision") not in ("", None, "reconcile"):
         return []
     rows = ReconciliationRecord.objects.select_related("call", "call__run")
-    if data.get("actor"):
-        rows = rows.filter(actor=data["actor"])
-    if data.get("agent"):
-        rows = rows.filter(call__run__agent=data["agent"])
-    if data.get("run"):
-        rows = rows.filter(call__run_id=data["run"])
+    rows = _narrowed(rows, data, run="call__run")
     page = _window(rows, "created_at", data).defer("call__run__snapshot").order_by("-created_at")
     return [
         Entry(
@@ -156,16 +180,12 @@ def _reconciliations(data: dict[str, Any]) -> list[Entry]:
 def _cancels(data: dict[str, Any]) -> list[Entry]:
     if data.get("decision") not in ("", None, "cancel"):
         return []
-    # The commit that ended the run is its last one (seq == the run's version).
+    # The commit that ended the run is its last one (seq == the run's version), so its time
+    # is the run's committed_at: ordering and windowing on that reads the partial index
+    # run_cancelled_recent instead of every commit.
     rows = ThreadCommit.objects.filter(run__end_cause="cancelled", seq=F("run__version"))
-    if data.get("actor"):
-        rows = rows.filter(actor=data["actor"])
-    if data.get("agent"):
-        rows = rows.filter(run__agent=data["agent"])
-    if data.get("run"):
-        rows = rows.filter(run_id=data["run"])
-    rows = _people(rows, "actor", data)
-    page = _window(rows, "created_at", data).select_related("run").defer("run__snapshot")
+    rows = _people(_narrowed(rows, data), "actor", data)
+    page = _window(rows, "run__committed_at", data).select_related("run").defer("run__snapshot")
     return [
         Entry(
             c.created_at,
@@ -177,18 +197,85 @@ def _cancels(data: dict[str, Any]) -> list[Entry]:
             str(((c.disposition or {}).get("error") or {}).get("reason", "")),
             c.seq,
         )
-        for c in page.order_by("-created_at")[:PAGE]
+        for c in page.order_by("-run__committed_at")[:PAGE]
     ]
+
+
+def _pauses(data: dict[str, Any]) -> list[Entry]:
+    decision = data.get("decision")
+    if decision not in ("", None, "pause", "resume"):
+        return []
+    rows = ThreadCommit.objects.filter(events__0__type__in=PAUSE_EVENTS)
+    if decision:
+        rows = rows.filter(events__0__type="RunPaused" if decision == "pause" else "RunResumed")
+    rows = _narrowed(rows, data)
+    page = _window(rows, "created_at", data).select_related("run").defer("run__snapshot")
+    entries = []
+    for c in page.order_by("-created_at")[:PAGE]:
+        event = c.events[0]
+        paused = event.get("type") == "RunPaused"
+        reason = (event.get("ticket") or {}).get("request", {}) if paused else event
+        entries.append(
+            Entry(
+                c.created_at,
+                c.actor,
+                "pause" if paused else "resume",
+                c.run_id or "",
+                c.run.agent if c.run else "",
+                "run paused" if paused else "run resumed",
+                str(reason.get("reason") or ""),
+                c.seq,
+            )
+        )
+    return entries
+
+
+WEBHOOK_ACTIONS = {
+    "create": "endpoint created",
+    "enable": "endpoint enabled",
+    "disable": "endpoint disabled",
+    "rotate": "secret rotated",
+    "update": "endpoint changed",
+    "delete": "endpoint deleted",
+}
+
+
+def _webhook_changes(data: dict[str, Any]) -> list[Entry]:
+    if data.get("decision") not in ("", None, "webhook") or data.get("agent") or data.get("run"):
+        return []
+    rows = WebhookChange.objects.all()
+    if data.get("actor"):
+        rows = rows.filter(actor=data["actor"])
+    entries = []
+    for w in _window(rows, "created_at", data).order_by("-created_at")[:PAGE]:
+        what = (
+            f"webhook {w.endpoint_name or w.endpoint_id}: {WEBHOOK_ACTIONS.get(w.action, w.action)}"
+        )
+        if w.action == "delete":
+            pending = (w.detail or {}).get("pending", 0)
+            what += f" with {pending} pending deliver{'y' if pending == 1 else 'ies'}"
+        entries.append(
+            Entry(w.created_at, w.actor, "webhook", "", "", what, w.url, None, w.endpoint_id)
+        )
+    return entries
 
 
 @needs(READ)
 def audit(request: HtmxHttpRequest) -> HttpResponse:
-    """Every decision, newest first, a page of 100; ``before`` pages to older ones."""
+    """Every decision, newest first, a page of 100; ``before`` pages to older ones. Filters
+    the form refuses (an unknown ``decision``, a malformed ``before``) answer 400 with the
+    form's errors and no entries."""
     form = AuditFilterForm(request.GET)
-    form.is_valid()
+    if not form.is_valid():  # e.g. ?decision=<unknown>: refused, never read as "any"
+        context = {"form": form, "entries": [], "agents": sorted(registry()), "filtered": True}
+        return render_page(request, "console/audit.html", context, status=400)
     data = form.cleaned_data
     entries = sorted(
-        _answers(data) + _reconciliations(data) + _cancels(data),
+        _answers(data)
+        + _reconciliations(data)
+        + _cancels(data)
+        + _pauses(data)
+        + _webhook_changes(data),
         key=lambda e: e.at,
         reverse=True,
     )[:PAGE]

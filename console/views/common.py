@@ -6,6 +6,7 @@ which the views render with its own status code (403, 404, 409, 422) and message
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime
 from functools import wraps
@@ -27,6 +28,20 @@ from runtime.untrusted import is_id
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+
+
+MAX_NUMBER = 2**63 - 1  # a commit's seq or a step fits a signed 64-bit column everywhere
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def whole_number(raw: str) -> int | None:
+    """Read a whole number from a query string or a form field: ASCII digits only, at most
+    MAX_NUMBER; None for anything else. ``str.isdigit`` is no test: it accepts "²", which
+    ``int`` refuses, and "٣", which it reads as 3; ``int`` also refuses over 4,300 digits."""
+    if not _DIGITS.fullmatch(raw):
+        return None
+    number = int(raw)
+    return number if number <= MAX_NUMBER else None
 
 
 class HtmxHttpRequest(HttpRequest):

@@ -13,22 +13,31 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
-from django.db.models import Count, Q
+from django.core.exceptions import BadRequest
+from django.db.models import Q
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
 from console.forms import SCRIPT_EXAMPLES, CancelForm, PauseForm, RunFilterForm, StartRunForm
 from console.models import OPERATE, READ
-from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, render_page
+from console.views.common import (
+    HtmxHttpRequest,
+    actor,
+    needs,
+    parse_cursor,
+    render_page,
+    whole_number,
+)
 from console.views.reconcile import mark_corrections
 from console.views.tickets import _context_lines, attach_notes, build_card
-from runtime import limits, operations, search, stuck
+from runtime import inventory, limits, operations, search, stuck
 from runtime.agents import registry
 from runtime.documents import RUN_SUMMARY_FIELDS, consistent, run_document
 from runtime.domain.commit import PAUSE_REASON_MAX
 from runtime.errors import CommittedUnread, NotFound, RuntimeFault
 from runtime.inventory import unreconciled_calls
+from runtime.keyset import RowCompare
 from runtime.models import (
     MessageRecord,
     ReconciliationRecord,
@@ -39,8 +48,14 @@ from runtime.models import (
 )
 
 PAGE_SIZE = 50
+# Counts past this are shown as "1,000+": an exact count would read every matching run.
+COUNT_CAP = 1000
+OVER_CAP = "over cap"  # _matched's answer when more than COUNT_CAP runs match the text
+type Matched = list[str] | str | None
 # Who holds a Running run, and whether it is paused (runtime.stuck).
 LEASE_FIELDS = ("lease_owner", "lease_expires_at", "paused")
+# The columns a row of the runs page reads: the summary, the holder, a child's parent.
+ROW_FIELDS = (*RUN_SUMMARY_FIELDS, *LEASE_FIELDS, "parent_run_id")
 STATES = ("running", "awaiting", "ended")
 CAUSES = ("natural", "step_limit", "cancelled", "stopped", "failed", "indeterminate")
 
@@ -49,31 +64,94 @@ def _cursor(run: Run) -> str:
     return f"{run.created_at.isoformat()}~{run.id}"
 
 
-def _counts(data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Runs per state and per end cause: one COUNT(*) grouped by (state, end_cause), which
-    PostgreSQL answers from the ``run_state_cause`` index without reading the run rows.
+def _capped(rows) -> int | str:
+    """How many ``rows`` there are, up to COUNT_CAP; past it, the text "1,000+": a COUNT over
+    a LIMITed subquery reads at most COUNT_CAP + 1 index entries, however long the history."""
+    n = rows.order_by().values("pk")[: COUNT_CAP + 1].count()
+    return n if n <= COUNT_CAP else f"{COUNT_CAP:,}+"
+
+
+def _counts(data: dict[str, Any] | None = None, ids: Matched = None) -> dict[str, Any]:
+    """The chips' counts: runs per state and per end cause, paused and needing
+    reconciliation. Unfiltered or filtered by agent only: exact, from the counts the
+    database keeps (``_kept_counts``). Under other filters: each a capped count
+    (``_capped``) answered from an index on the chip's columns (run_state_cause,
+    run_agent_state_cause, run_paused_recent), never a count of every run.
 
     ``data`` (the list's filters) narrows every count but by state and end cause, which the
-    chips themselves choose: the chips count what clicking them would list (issue 22, 8)."""
+    chips themselves choose: the chips count what clicking them would list (issue 22, 8).
+    ``ids`` is the text search's matched set, computed once by the caller and counted in one
+    pass (``_counted``); ``OVER_CAP`` when more runs than runtime.search.SEARCH_CAP match:
+    then only the total is known ("10,000+") and the other chips are None (shown as "–"),
+    so that the text is not matched again for each chip."""
     data = {k: v for k, v in (data or {}).items() if k not in ("state", "cause", "after", "top")}
+    if ids == OVER_CAP:
+        return {
+            "total": f"{search.SEARCH_CAP:,}+",
+            "states": [(s, None) for s in STATES],
+            "causes": [(c, None) for c in CAUSES],
+            "unreconciled": None,
+            "paused": None,
+        }
+    if isinstance(ids, list):
+        return _counted(_filtered(data, ids))
+    if not any(v for k, v in data.items() if k != "agent"):
+        return _kept_counts(data.get("agent") or None)
+    base = _filtered(data)
+    flagged = unreconciled_calls().filter(run_id__in=base.values_list("id", flat=True))
+    return {
+        "total": _capped(base),
+        "states": [(s, _capped(base.filter(state=s))) for s in STATES],
+        # A cause is an ended run's: the state in the filter lets the (state, end_cause)
+        # and (agent, state, end_cause) indexes answer.
+        "causes": [(c, _capped(base.filter(state="ended", end_cause=c))) for c in CAUSES],
+        "unreconciled": _capped(flagged.values("run_id").distinct()),
+        "paused": _capped(base.filter(paused=True)),
+    }
+
+
+def _kept_counts(agent: str | None) -> dict[str, Any]:
+    """The chips' exact counts of every run, or of ``agent``'s: per state and end cause from
+    the counts the database keeps (runtime.inventory.runs_by_state), paused and needing
+    reconciliation from their partial indexes (live runs, not the history)."""
     states: dict[str, int] = {}
     causes: dict[str, int] = {}
-    narrowed = any(data.values())
-    base = _filtered(data) if narrowed else Run.objects.all()
-    flagged = unreconciled_calls()
-    if narrowed:
-        flagged = flagged.filter(run_id__in=base.values_list("id", flat=True))
-    rows = base.values_list("state", "end_cause").annotate(n=Count("*")).order_by()
-    for state, cause, n in rows:
+    for (state, cause), n in inventory.runs_by_state(agent).items():
         states[state] = states.get(state, 0) + n
         if state == "ended":
             causes[cause] = causes.get(cause, 0) + n
+    paused = Run.objects.filter(paused=True)
+    flagged = unreconciled_calls()
+    if agent is not None:
+        paused = paused.filter(agent=agent)
+        flagged = flagged.filter(run__agent=agent)
     return {
         "total": sum(states.values()),
         "states": [(s, states.get(s, 0)) for s in STATES],
         "causes": [(c, causes.get(c, 0)) for c in CAUSES],
         "unreconciled": flagged.values("run_id").distinct().count(),
-        "paused": base.filter(paused=True).count(),
+        "paused": paused.count(),
+    }
+
+
+def _counted(rows) -> dict[str, Any]:
+    """The chips' exact counts over ``rows``, runs among a text search's matched ids (at most
+    runtime.search.SEARCH_CAP): their states read in one query and counted here, and one
+    query for the flagged ones, instead of a count per chip."""
+    found = list(rows.order_by().values_list("id", "state", "end_cause", "paused"))
+    states: dict[str, int] = {}
+    causes: dict[str, int] = {}
+    for _, state, cause, _ in found:
+        states[state] = states.get(state, 0) + 1
+        if state == "ended":
+            causes[cause] = causes.get(cause, 0) + 1
+    flagged = unreconciled_calls().filter(run_id__in=[run_id for run_id, *_ in found])
+    return {
+        "total": len(found),
+        "states": [(s, states.get(s, 0)) for s in STATES],
+        "causes": [(c, causes.get(c, 0)) for c in CAUSES],
+        "unreconciled": flagged.values("run_id").distinct().count(),
+        "paused": sum(1 for *_, paused in found if paused),
     }
 
 
@@ -101,10 +179,21 @@ def _row_context(page: list[Run]) -> None:
         r.holder = held.get(r.id)
 
 
-def _filtered(data: dict[str, Any]):
+def _matched(data: dict[str, Any]) -> Matched:
+    """The text search's matched run ids (runtime.search.matched_ids, capped at SEARCH_CAP),
+    computed once per request; ``OVER_CAP`` when more match, None when there is no text."""
+    text = (data.get("q") or "").strip()
+    if not text:
+        return None
+    ids = search.matched_ids(text, search.SEARCH_CAP)
+    return OVER_CAP if ids is None else ids
+
+
+def _filtered(data: dict[str, Any], ids: Matched = None):
     """Runs matching the list's filters: state, cause, agent, the reconciliation flag and
     the search fields (runtime.search: free text or an id prefix in ``q``, a time range, a
-    called tool, a metadata key and value, a parent run)."""
+    called tool, a metadata key and value, a parent run). ``ids``: ``_matched(data)``, so
+    that the text is not matched again (``OVER_CAP``: matched by the query itself)."""
     rows = Run.objects.all()
     if data.get("state"):
         rows = rows.filter(state=data["state"])
@@ -128,13 +217,13 @@ def _filtered(data: dict[str, Any]):
             meta_value=(data.get("meta_value") or "") if key else "",
             parent=data.get("parent") or "",
         ),
+        ids=ids if isinstance(ids, list) else None,
     )
 
 
 def _older_or_same(rows, cursor: tuple[datetime, str], *, inclusive: bool):
-    stamp, run_id = cursor
-    same = Q(created_at=stamp, id__lte=run_id) if inclusive else Q(created_at=stamp, id__lt=run_id)
-    return rows.filter(Q(created_at__lt=stamp) | same)
+    # One row comparison: an index condition on run_recent (console.api.pagination).
+    return rows.filter(RowCompare(("created_at", "id"), "<=" if inclusive else "<", cursor))
 
 
 @needs(READ)
@@ -148,20 +237,19 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
     form = RunFilterForm(request.GET)
     form.is_valid()
     data = form.cleaned_data
-    rows = _filtered(data)
+    matched = _matched(data)
+    rows = _filtered(data, matched)
     cursor = parse_cursor(data.get("after") or "")
     top = parse_cursor(data.get("top") or "")
-    newer = 0
+    newer: int | str = 0
     if cursor:
         rows = _older_or_same(rows, cursor, inclusive=False)
     elif top:
-        newer = rows.count() - _older_or_same(rows, top, inclusive=True).count()
+        # The runs after the pinned top, by the run_recent index: a few, not the history.
+        stamp, run_id = top
+        newer = _capped(rows.filter(Q(created_at__gt=stamp) | Q(created_at=stamp, id__gt=run_id)))
         rows = _older_or_same(rows, top, inclusive=True)
-    page = list(
-        rows.order_by("-created_at", "-id").only(*RUN_SUMMARY_FIELDS, *LEASE_FIELDS)[
-            : PAGE_SIZE + 1
-        ]
-    )
+    page = list(rows.order_by("-created_at", "-id").only(*ROW_FIELDS)[: PAGE_SIZE + 1])
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
     _row_context(page)
@@ -184,7 +272,7 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
         "chip_query": urlencode({k: "on" if v is True else v for k, v in chips.items()}),
         "form": form,
         "runs": page,
-        "counts": _counts(data),
+        "counts": _counts(data, matched),
         "agents": sorted(registry()),
         "tools": sorted({t.name for a in registry().values() for t in a.tools}),
         "filters": filters,
@@ -336,9 +424,10 @@ def _call_outcome(call: dict[str, Any], outcome: str) -> str:
 
 
 def _forks(run_id: str) -> list[Any]:
-    """Runs forked from ``run_id`` (their activation's ``metadata.forked_from.run_id``)."""
+    """Runs forked from ``run_id`` (``Run.forked_from``: their activation's
+    ``metadata.forked_from.run_id``, an index lookup)."""
     return list(
-        Run.objects.filter(metadata__forked_from__run_id=run_id)
+        Run.objects.filter(forked_from=run_id)
         .order_by("created_at", "id")
         .values(
             "id", "state", "end_cause", "metadata__forked_from__step", "metadata__forked_from__by"
@@ -350,11 +439,12 @@ def run_page_context(
     run_id: str, cancel_form: CancelForm | None = None, query: Any = None
 ) -> dict[str, Any]:
     query = query or {}
-    before = query.get("log_before", "")
+    before = str(query.get("log_before", ""))
+    log_before = whole_number(before) if before else None
+    if before and log_before is None:
+        raise BadRequest("log_before is a commit's seq: a whole number")
     context = run_context(
-        run_id,
-        log_kind=str(query.get("log_kind", ""))[:40],
-        log_before=int(before) if str(before).isdigit() else None,
+        run_id, log_kind=str(query.get("log_kind", ""))[:40], log_before=log_before
     )
     if context["open_ticket"] is not None:
         context["card"] = build_card(context["open_ticket"])
@@ -688,14 +778,14 @@ def run_again(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
 def fork_run(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     """Fork the run after the step the form names (``at_step``), with an optional new input;
     on success go to the new run, else back to this one saying why (runtime.fork)."""
-    raw = request.POST.get("at_step", "")
-    if not raw.isdigit():
+    at_step = whole_number(request.POST.get("at_step", ""))
+    if at_step is None:
         messages.error(request, "Not forked: choose the step to fork after.")
         return redirect("console:run", run_id=run_id)
     text = request.POST.get("input", "")[:100_000]
     try:
         new_id = operations.fork_run(
-            run_id, at_step=int(raw), input=text or None, actor=actor(request)
+            run_id, at_step=at_step, input=text or None, actor=actor(request)
         )
     except NotFound as exc:
         raise Http404(str(exc)) from exc
@@ -704,6 +794,6 @@ def fork_run(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
         return redirect("console:run", run_id=run_id)
     messages.success(
         request,
-        f"Forked after step {raw} as run {new_id[:8]} on a new thread; nothing ran again.",
+        f"Forked after step {at_step} as run {new_id[:8]} on a new thread; nothing ran again.",
     )
     return redirect("console:run", run_id=new_id)

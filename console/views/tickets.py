@@ -37,6 +37,7 @@ from runtime.errors import (
     TicketConsumed,
     TicketMismatch,
 )
+from runtime.keyset import RowCompare
 from runtime.models import MessageRecord, ThreadCommit, Ticket
 
 KEY_PATTERN = re.compile(r"^[0-9a-f]{32}$")
@@ -213,7 +214,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         return render_page(request, "console/inbox.html", context, partial="recent")
     after = parse_cursor(data.get("after") or "")
     if after:
-        rows = rows.filter(Q(created_at__gt=after[0]) | Q(created_at=after[0], id__gt=after[1]))
+        rows = rows.filter(RowCompare(("created_at", "id"), ">", after))
     page = list(
         rows.select_related("call", "run")
         .defer("run__snapshot")

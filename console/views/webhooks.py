@@ -1,6 +1,7 @@
 """Webhooks: the endpoints that receive committed events, each with its delivery log and a
 "send test" button. Viewers read; operators create, enable, disable, rotate, test and delete
-(the same functions as the API and ``runtime_webhook``: ``runtime.webhooks``)."""
+(the same functions as the API and ``runtime_webhook``: ``runtime.webhooks``). Rotate and
+delete are confirmed first; every change is recorded for the Audit page."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import redirect
 
-from console.forms import WebhookForm
+from console.forms import WebhookConfirmForm, WebhookForm
 from console.models import OPERATE, READ
 from console.views.common import HtmxHttpRequest, actor, needs, render_page
 from runtime import webhooks
@@ -79,23 +80,48 @@ def endpoint(request: HtmxHttpRequest, endpoint_id: str) -> HttpResponse:
     return render_page(request, "console/webhook.html", context, partial="log")
 
 
+CONFIRMED = ("rotate", "delete")  # actions that need the confirm field (WebhookConfirmForm)
+
+
 @needs(OPERATE, write=True)
 def endpoint_action(request: HtmxHttpRequest, endpoint_id: str, action: str) -> HttpResponse:
     """test | enable | disable | rotate | delete, then back to the page (the list after a
-    delete)."""
+    delete); every change is recorded for Audit (``runtime.webhooks``, by the user).
+
+    ``rotate`` and ``delete`` take effect only with ``confirm``: a POST without it changes
+    nothing and answers the confirmation form, which says what the action affects (the
+    endpoint's pending deliveries: dropped by a delete, signed with the new secret after a
+    rotation). 404 for an unknown endpoint or action."""
+    who = actor(request)
     try:
+        if action in CONFIRMED:
+            form = WebhookConfirmForm(request.POST)
+            if not form.is_valid():
+                found = webhooks.get_endpoint(endpoint_id)
+                found.url = webhooks.shown_url(found.url)  # for the page only, never saved
+                context = {
+                    "endpoint": found,
+                    "action": action,
+                    "form": form if "confirm" in request.POST else WebhookConfirmForm(),
+                    "pending": webhooks.pending_count(endpoint_id),
+                }
+                status = 400 if "confirm" in request.POST else 200
+                return render_page(request, "console/webhook_confirm.html", context, status=status)
         if action == "test":
-            delivery = webhooks.send_test(endpoint_id, actor=actor(request))
+            delivery = webhooks.send_test(endpoint_id, actor=who)
             messages.success(request, f"Test event {delivery.message_id} queued.")
         elif action in ("enable", "disable"):
-            webhooks.update_endpoint(endpoint_id, enabled=action == "enable")
+            webhooks.update_endpoint(endpoint_id, enabled=action == "enable", actor=who)
             messages.success(request, f"Endpoint {action}d.")
         elif action == "rotate":
-            webhooks.update_endpoint(endpoint_id, rotate_secret=True)
+            webhooks.update_endpoint(endpoint_id, rotate_secret=True, actor=who)
             messages.success(request, "A new secret is in use; update your receiver.")
         elif action == "delete":
-            webhooks.delete_endpoint(endpoint_id)
-            messages.success(request, "Endpoint deleted.")
+            pending = webhooks.delete_endpoint(endpoint_id, actor=who)
+            messages.success(
+                request,
+                f"Endpoint deleted with {pending} pending deliver{'y' if pending == 1 else 'ies'}.",
+            )
             return redirect("console:webhooks")
         else:
             return HttpResponse("unknown action", status=404)

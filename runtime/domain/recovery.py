@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from runtime.domain.model import (
     CallPhase,
+    Effects,
     RecoveryPolicy,
     ResumeTicket,
     RunState,
@@ -123,21 +124,50 @@ class Seal:
     reason: str
 
 
-RecoveryDecision = Retry | Lookup | Seal
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Complete the call with ``reason`` as its error result, for the model to read: the tool
+    raised, and its declared effects leave nothing for a person to check."""
+
+    reason: str
+
+
+RecoveryDecision = Retry | Lookup | Seal | Fail
 
 
 def executing_decision(
-    call: ToolCall, *, looked_up: bool = False, lookup_failed: str | None = None
+    call: ToolCall,
+    *,
+    looked_up: bool = False,
+    lookup_failed: str | None = None,
+    raised: str | None = None,
 ) -> RecoveryDecision:
     """Apply the pinned policy to a call whose attempt may have started and has no result.
 
     ``looked_up`` is True once a reconnect lookup found nothing; ``lookup_failed`` says why a
     reconnect lookup could not answer (it raised: an error result, a lost or unreachable
-    server). Returns Retry while the pinned attempt budget allows, Lookup for reconnect tools
-    first, else Seal. A lookup that cannot answer seals the call: its outcome is unknown
-    (seed: "outcome cannot be classified safely"), and neither retrying the effect nor
-    failing the claim (the poison budget) would learn more.
+    server); ``raised`` is the exception the tool's last attempt raised ("Type: message"),
+    None when the attempt left no word (the worker stopped). Returns Retry while the pinned
+    attempt budget allows, Lookup for reconnect tools first, else Seal. A lookup that cannot
+    answer seals the call: its outcome is unknown (seed: "outcome cannot be classified
+    safely"), and neither retrying the effect nor failing the claim (the poison budget) would
+    learn more.
+
+    A tool that raised and declared no effect or an idempotent one (``Effects``) gets Fail
+    instead of Seal (issue 31, item 7): its bug is the model's error result, not a person's
+    Reconcile work. Only a ``once`` effect that may have started goes to Reconcile.
     """
+    decision = _policy_decision(call, looked_up=looked_up, lookup_failed=lookup_failed)
+    if isinstance(decision, Seal) and raised is not None and call.effects is not Effects.ONCE:
+        tries = "attempt" if call.attempt == 1 else "attempts"
+        return Fail(f"the tool raised {raised} ({call.attempt} {tries})")
+    return decision
+
+
+def _policy_decision(
+    call: ToolCall, *, looked_up: bool, lookup_failed: str | None
+) -> RecoveryDecision:
+    """The pinned policy alone (``executing_decision`` without the tool's own exception)."""
     if call.policy is RecoveryPolicy.INDETERMINATE:
         return Seal("the worker stopped after the call started; its policy never guesses")
     if lookup_failed is not None:

@@ -192,8 +192,18 @@ def body(
 
 Address = IPv4Address | IPv6Address
 
-# Embedded IPv4 addresses an IPv6 address reaches (NAT64, RFC 6052): judged as the IPv4 one.
-NAT64 = ip_network("64:ff9b::/96")
+# IPv6 prefixes whose last 32 bits are an IPv4 address a packet to them reaches: IPv4-compatible
+# (``::a.b.c.d``, RFC 4291, deprecated), IPv4-mapped, SIIT's IPv4-translated (``::ffff:0:
+# a.b.c.d``, RFC 7915), NAT64's well-known prefix (RFC 6052) and its local-use /48 (RFC 8215,
+# the IPv4 address last, as with a /96 inside it). ``ipaddress`` reads 6to4 and Teredo.
+EMBEDS_IPV4 = tuple(
+    IPv6Network(n)
+    for n in ("::/96", "::ffff:0:0/96", "::ffff:0:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48")
+)
+
+# Blocks the IANA IPv6 special-purpose registry does not mark globally reachable that Python
+# before 3.12.4 still calls global (``is_global``): 6to4 and NAT64's local-use prefix.
+NOT_GLOBAL = (IPv6Network("2002::/16"), IPv6Network("64:ff9b:1::/48"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,28 +245,48 @@ def internal(address: Address) -> bool:
     """Whether ``address`` is one a webhook must not reach by default: loopback, private,
     link-local (the cloud metadata service, 169.254.169.254), shared (CGNAT, 100.64/10),
     multicast, unspecified or reserved: whatever the IANA special-purpose registries do not
-    mark globally reachable (``ipaddress``'s ``is_global``), and multicast. An IPv4 address
-    inside IPv6 (mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::a.b.c.d``) is judged as itself."""
+    mark globally reachable (``ipaddress``'s ``is_global``, and ``NOT_GLOBAL``), and
+    multicast. An IPv6 address that carries an IPv4 one (``embedded_ipv4``) is internal when
+    that IPv4 address is. The one judge of an address: the URL check and every address a name
+    resolves to when sending go through it."""
     if isinstance(address, IPv6Address):
-        if address.ipv4_mapped is not None:
-            return internal(address.ipv4_mapped)
-        if address in NAT64:
-            return internal(IPv4Address(int(address) & 0xFFFFFFFF))
+        if any(internal(v4) for v4 in embedded_ipv4(address)):
+            return True
+        if any(address in network for network in NOT_GLOBAL):
+            return True
     return address.is_multicast or not address.is_global
+
+
+def embedded_ipv4(address: IPv6Address) -> tuple[IPv4Address, ...]:
+    """The IPv4 addresses ``address`` carries, which a packet to it may reach: mapped
+    (``::ffff:a.b.c.d``), compatible (``::a.b.c.d``), SIIT (``::ffff:0:a.b.c.d``), NAT64
+    (``64:ff9b::a.b.c.d``, ``64:ff9b:1::a.b.c.d``), 6to4 (``2002:AABB:CCDD::``) and Teredo
+    (its server and its client); none for another address."""
+    found: list[IPv4Address] = []
+    if address.ipv4_mapped is not None:
+        found.append(address.ipv4_mapped)
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found.extend(address.teredo)
+    if any(address in network for network in EMBEDS_IPV4):
+        found.append(IPv4Address(int(address) & 0xFFFFFFFF))
+    return tuple(found)
 
 
 def literal_address(host: str) -> Address | None:
     """The IP address ``host`` names literally, or None for a host name. The old numeric
-    forms a resolver still accepts (``0x7f000001``, ``127.1``, ``2130706433``, ``0177.0.0.1``)
-    count: they reach the address they encode."""
+    forms a resolver still accepts (``0x7f000001``, ``127.1``, ``2130706433``, ``0177.0.0.1``,
+    with or without a trailing dot) count: they reach the address they encode."""
     try:
         return ip_address(host.strip("[]"))
     except ValueError:
         pass
-    if not _NUMERIC_V4.fullmatch(host):
+    numeric = host.removesuffix(".")  # the root's dot: ``127.0.0.1.`` is 127.0.0.1
+    if not _NUMERIC_V4.fullmatch(numeric):
         return None
     try:
-        return IPv4Address(inet_aton(host))  # parses text; no lookup
+        return IPv4Address(inet_aton(numeric))  # parses text; no lookup
     except OSError:
         return None
 

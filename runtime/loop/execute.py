@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from runtime import operations, timers
+from runtime import conf, operations, timers
 from runtime.agents import Agent
 from runtime.crash import crash_point
 from runtime.domain import recovery as rec
@@ -80,8 +81,8 @@ async def execute(
     elif outcome.failure is None:
         assert outcome.result is not None
         finish(d, agent, current, outcome.result, outcome.is_error)
-    else:  # unclassified: the pinned policy decides, as in recovery
-        await recover(d, agent, current, cause=f"the tool failed: {outcome.failure}")
+    else:  # unclassified: the pinned policy and the declared effects decide, as in recovery
+        await recover(d, agent, current, raised=outcome.failure)
 
 
 async def delegate(d: Boundary, call: ToolCall, tool: Tool, arguments: dict[str, Any]) -> None:
@@ -107,7 +108,7 @@ async def attempt(d: Boundary, tool: Tool, ctx: ToolContext, arguments: dict[str
         if tool.is_async:
             result = await tool.arun(ctx, arguments)
         else:
-            result = await d.services.tools.run(tool.run, ctx, arguments)
+            result = await d.services.tools.run(_run_keeping_lease, tool, ctx, arguments)
         return Outcome(result=result)
     except Fenced:
         raise
@@ -118,6 +119,21 @@ async def attempt(d: Boundary, tool: Tool, ctx: ToolContext, arguments: dict[str
     except Exception as exc:  # the tool's own bug or an unknown downstream failure
         log.warning("tool %s raised", tool.name, exc_info=True)
         return Outcome(failure=f"{type(exc).__name__}: {exc}")
+
+
+def _run_keeping_lease(tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> str:
+    """Run a ``def`` tool on its tool thread; when it took a heartbeat or longer, renew the
+    lease right there, before its result waits for the loop: a fenced effect may have held
+    the run's row locked all along, and the heartbeat skips a locked row (docs/leases.md)."""
+    started = time.monotonic()
+    try:
+        return tool.run(ctx, arguments)
+    finally:
+        if time.monotonic() - started >= conf.heartbeat_seconds():
+            try:
+                ctx.keep_lease()
+            except Exception:  # the heartbeat renews it at its next beat
+                log.warning("run %s: renewing the lease after a slow tool failed", ctx.run_id)
 
 
 async def run_tool(d: Boundary, tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> Outcome:
@@ -179,10 +195,11 @@ async def lookup(d: Boundary, tool: Tool, ctx: ToolContext) -> Any:
     return await d.services.tools.run(tool.lookup, ctx)
 
 
-async def recover(d: Boundary, agent: Agent, call: ToolCall, cause: str | None = None) -> None:
-    """An Executing call without a result (found on a claim, or its attempt failed
-    unclassified): the call's pinned ToolRecoveryPolicy decides."""
-    decision = rec.executing_decision(call)
+async def recover(d: Boundary, agent: Agent, call: ToolCall, raised: str | None = None) -> None:
+    """An Executing call without a result (found on a claim, or its attempt raised ``raised``,
+    "Type: message"): the call's pinned ToolRecoveryPolicy and declared Effects decide
+    (``domain.recovery.executing_decision``)."""
+    decision = rec.executing_decision(call, raised=raised)
     tool = agent.tool_for(call)
     if tool is not None and tool.delegate is not None:  # idempotent by operation id
         await delegate(d, call, tool, tool.parse(call.arguments_text))
@@ -201,17 +218,22 @@ async def recover(d: Boundary, agent: Agent, call: ToolCall, cause: str | None =
             # one: the call is sealed Indeterminate for a person to reconcile, and the claim
             # goes on instead of counting against the run's poison budget.
             log.warning("tool %s: the lookup of %s raised", call.name, call.operation_id)
-            decision = rec.executing_decision(call, lookup_failed=f"{type(exc).__name__}: {exc}")
+            decision = rec.executing_decision(
+                call, lookup_failed=f"{type(exc).__name__}: {exc}", raised=raised
+            )
         else:
             if found is not None:
                 text = found if isinstance(found, str) else json.dumps(found, sort_keys=True)
                 d.stage_result(CallCompleted(call_id=call.call_id, result=text), call.attempt)
                 return
-            decision = rec.executing_decision(call, looked_up=True)
+            decision = rec.executing_decision(call, looked_up=True, raised=raised)
     if isinstance(decision, rec.Retry):
         await execute(d, agent, call, decision.attempt)
+    elif isinstance(decision, rec.Fail):  # as a ToolError's result would be
+        finish(d, agent, call, decision.reason, is_error=True)
     else:
         assert isinstance(decision, rec.Seal)
+        cause = f"the tool failed: {raised}" if raised else None
         reason = f"{cause}; {decision.reason}" if cause else decision.reason
         await d.commit(
             Disposition.running(), (CallIndeterminate(call_id=call.call_id, reason=reason),)

@@ -207,6 +207,7 @@ async def _context(
             step=step,
             attempt=attempt,
             claim=d.lease.epoch,
+            first=first_delta[0],
             delta={
                 "kind": delta.kind,
                 "text": delta.text,

@@ -7,8 +7,15 @@ exits, an HTTP server drops the connection) the request in flight fails at once
 (ConnectionLost, or the SDK's "Connection closed" error) instead of waiting for its timeout,
 and the session ends. A later request reconnects.
 
-``McpSessions.close()`` cancels the tasks, which ends every session and stops every stdio
-subprocess: nothing outlives the claim.
+``McpSessions.close()`` ends every session through the anyio cancel scope its task holds the
+session in, never by cancelling the task itself: the SDK shuts a stdio server down inside a
+shielded scope with bounded waits (stdin closed, ``PROCESS_TERMINATION_TIMEOUT`` for it to
+exit, SIGTERM to its process group, ``FORCE_KILL_TIMEOUT`` later SIGKILL), and only anyio's
+cancellation respects that shield. A native ``Task.cancel()`` breaks out of it half way and
+leaves the task waiting forever for the stdout of a server that nobody stops (issue 35). An
+HTTP session's requests are cancelled the same way. ``close()`` waits for that at most
+``CLOSE_SECONDS``; the stdio servers a process still has when it must leave at once are
+killed with their process groups (``runtime.mcp.processes``). Nothing outlives the claim.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack, suppress
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +37,9 @@ from runtime.mcp.config import HttpServer, ServerConfig, StdioServer
 log = logging.getLogger("runtime.mcp")
 
 CONNECT_RETRY_SECONDS = 0.2  # pause between connection attempts while connect_timeout lasts
+# How long close() waits for the sessions to end: the SDK's own bounded stdio shutdown (0.5 s
+# flush, 2 s grace after stdin closes, 2 s after SIGTERM, 2 s to see the SIGKILL) plus margin.
+CLOSE_SECONDS = 10.0
 
 
 class ConnectionLost(Exception):
@@ -56,6 +66,18 @@ class Connection:
         self.lock = asyncio.Lock()
         self.jobs: Any = None  # the holder's job stream while the session is open
         self.holder: asyncio.Task[None] | None = None
+        # Every holder still running: one whose session broke may still be shutting its
+        # transport down while the next one holds the new session.
+        self.holders: set[asyncio.Task[None]] = set()
+        self.scope: anyio.CancelScope | None = None  # the holder's, while it holds a session
+
+    def stop(self) -> None:
+        """End the session (its requests fail with ConnectionLost) without waiting; the holder
+        task shuts its transport down by itself, within the SDK's bounds."""
+        if self.scope is not None:
+            self.scope.cancel()
+        elif self.holder is not None and not self.holder.done():
+            self.holder.cancel()  # not started yet: nothing to shut down
 
     async def open(self) -> Listing:
         """Connect, retrying until ``connect_timeout``; return the listing.
@@ -78,12 +100,14 @@ class Connection:
     async def _open_once(self, deadline: float) -> Listing:
         ready: asyncio.Future[Listing] = asyncio.get_running_loop().create_future()
         self.holder = asyncio.ensure_future(self._hold(ready))
+        self.holders.add(self.holder)
+        self.holder.add_done_callback(self.holders.discard)
         try:
             return await asyncio.wait_for(
                 asyncio.shield(ready), max(0.1, deadline - time.monotonic())
             )
         except TimeoutError:
-            self.holder.cancel()
+            self.stop()
             raise ConnectionLost("no answer before the connect timeout") from None
 
     async def request(self, job: Job, timeout: float) -> Any:
@@ -107,6 +131,13 @@ class Connection:
 
     async def _hold(self, ready: asyncio.Future[Listing]) -> None:
         send, receive = anyio.create_memory_object_stream[tuple[Job, asyncio.Future[Any]]](math.inf)
+        with anyio.CancelScope() as scope:  # stop() cancels it: the SDK's shield holds
+            self.scope = scope
+            await self._session(ready, send, receive)
+        if self.scope is scope:
+            self.scope = None
+
+    async def _session(self, ready: asyncio.Future[Listing], send: Any, receive: Any) -> None:
         current: asyncio.Future[Any] | None = None
         try:
             async with AsyncExitStack() as stack:
@@ -225,10 +256,17 @@ class McpSessions:
         self.connections = {server.name: Connection(server) for server in servers}
 
     async def close(self) -> None:
-        """Cancel every session (ending stdio subprocesses) and wait until they have ended."""
-        holders = [c.holder for c in self.connections.values() if c.holder is not None]
+        """End every session (stopping stdio servers and their process groups, cancelling
+        HTTP requests) and wait until they have ended, at most CLOSE_SECONDS (a session
+        still open then is logged and left to ``processes.kill_servers``). Raises nothing."""
+        holders = [h for c in self.connections.values() for h in c.holders]
+        for connection in self.connections.values():
+            connection.stop()
+        if not holders:
+            return
+        _, pending = await asyncio.wait(holders, timeout=CLOSE_SECONDS)
         for holder in holders:
-            holder.cancel()
-        for holder in holders:
-            with suppress(BaseException):
-                await holder
+            if holder.done() and not holder.cancelled():
+                holder.exception()  # retrieved: the session's end was already reported
+        if pending:
+            log.warning("%d MCP session(s) still open %gs after close", len(pending), CLOSE_SECONDS)

@@ -54,7 +54,7 @@ def forwards(apps, schema_editor) -> None:
             "arguments_text": call.arguments_text,
             "model_arguments": call.model_arguments,
         }
-    for run in Run.objects.exclude(snapshot=None).only("id", "snapshot").iterator():
+    for run in Run.objects.filter(snapshot__isnull=False).only("id", "snapshot").iterator():
         calls = [c for b in (run.snapshot or {}).get("batches", ()) for c in b.get("calls", ())]
         if not calls:
             continue

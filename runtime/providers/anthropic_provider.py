@@ -27,9 +27,11 @@ incomplete stream. An ``event: error`` mid-stream (overloaded, api_error) is ret
 Stop reasons: end_turn and stop_sequence -> "stop", tool_use -> "tool_calls", max_tokens and
 model_context_window_exceeded -> "length", refusal -> "content_filter"; others pass through.
 
-SDK quirks met here: a connection cut mid-stream escapes the SDK as a raw ``httpx2``
-transport error (not ``APIConnectionError``); an ``event: error`` arrives as an
-``APIStatusError`` whose ``status_code`` is the stream's 200.
+SDK quirks met here: a connection cut or stalled mid-stream reaches us as the SDK's
+``APIConnectionError`` / ``APITimeoutError`` in current releases and as the raw ``httpx``
+transport error in older ones (both are mapped to "the stream was cut mid-way" / "stalled
+past the timeout"); an ``event: error`` arrives as an ``APIStatusError`` whose
+``status_code`` is the stream's 200.
 
 Stream checkpoints and ``resume_from``: see ``runtime.providers.streaming`` (restart).
 """
@@ -258,8 +260,10 @@ class AnthropicProvider:
         fixed = {k: body.pop(k) for k in ("model", "max_tokens", "messages", "stream")}
         sink = StreamSink(ctx, NAME)
         assembly = _Assembly(sink)
+        streaming = False  # the server answered 200 and its events are being read
         try:
             async with await self.client.messages.create(**fixed, extra_body=body) as stream:
+                streaming = True
                 content_type = stream.response.headers.get("content-type", "")
                 if "text/event-stream" not in content_type:
                     raise errors.malformed(
@@ -280,7 +284,9 @@ class AnthropicProvider:
                 request_id=exc.response.headers.get("request-id"),
             ) from exc
         except anthropic.APIConnectionError as exc:  # includes APITimeoutError
-            raise errors.connection(NAME, exc, url=self.url) from exc
+            # Current SDKs wrap a stream cut or stalled mid-way too (older ones let the transport
+            # error escape: the last clause), so whether the stream had begun is ours to know.
+            raise errors.connection(NAME, exc, mid_stream=streaming, url=self.url) from exc
         except anthropic.APIResponseValidationError as exc:
             raise errors.malformed(NAME, str(exc)) from exc
         except json.JSONDecodeError as exc:

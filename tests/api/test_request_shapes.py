@@ -5,7 +5,8 @@ A body that does not say it is JSON (a form, a multipart body, JSON sent as text
 with no Content-Type) is 415 ``unsupported_media_type``; requests without a body are read as
 before. A request line over Twisted's 16 KB is 414 ``uri_too_long`` and a head over 16 KB is
 431 ``header_fields_too_large``, both from the real server (``runtime_serve``, and daphne
-run by itself as the Procfile runs it).
+run by itself as the Procfile runs it); so is a multipart body with a malformed boundary, which
+Twisted would otherwise answer with an empty 400 before the API sees it (issue 31, item 9).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from tests.api.conftest import BASE, error_of
+from tests.hostile.corpus import MALFORMED_MULTIPART
 from tests.servers import daphne_command, free_port, serving
 
 BODY = {"agent": "demo", "input": "hi", "metadata": {"script": {"steps": [{"text": "ok"}]}}}
@@ -118,3 +120,13 @@ def test_a_head_too_large_is_answered_by_the_server(make_user, subprocess_env, t
         assert (
             httpx.post(f"{url}{BASE}/runs", headers=auth, json=BODY, timeout=30).status_code == 201
         )
+        for content_type in MALFORMED_MULTIPART:
+            multipart = httpx.post(
+                f"{url}{BASE}/runs",
+                headers={**auth, "Content-Type": content_type},
+                content=b"--b\r\nContent-Disposition: form-data; name=agent\r\n\r\ndemo\r\n",
+                timeout=30,
+            )
+            assert multipart.status_code in (400, 415), (content_type, multipart.content)
+            code = "unsupported_media_type" if multipart.status_code == 415 else "bad_request"
+            assert error_of(multipart)["code"] == code, content_type

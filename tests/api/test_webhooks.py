@@ -8,7 +8,7 @@ import json
 import pytest
 
 from runtime import webhooks
-from runtime.models import WebhookEndpoint
+from runtime.models import WebhookChange, WebhookEndpoint
 from tests.api.conftest import BASE, error_of
 
 pytestmark = pytest.mark.django_db
@@ -50,6 +50,13 @@ def test_an_operator_creates_tests_and_reads_the_log_of_an_endpoint(api):
     assert changed.json()["secret"] != endpoint["secret"]
     gone = api.client.delete(f"{BASE}/webhooks/{endpoint['id']}", headers=api.headers())
     assert gone.status_code == 204 and not WebhookEndpoint.objects.exists()
+    changes = WebhookChange.objects.order_by("id").values_list("action", "actor", "detail")
+    assert list(changes) == [  # for the console's Audit page (issue 32)
+        ("create", "olivia", {"events": ["run.ended"]}),
+        ("disable", "olivia", {}),
+        ("rotate", "olivia", {}),
+        ("delete", "olivia", {"pending": 1}),
+    ]
 
 
 def queued_at():

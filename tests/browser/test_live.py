@@ -249,8 +249,126 @@ def test_a_viewer_joining_from_the_checkpoint_never_sees_words_twice(stack, page
     # A delta after words that never arrived says so instead of gluing them together.
     send_live(group, delta(run_id, 1, 1, "w011 ", offset=50))
     expect(live).to_have_text(text + "w008 w009  … w011 ")
+    # Issue 29: the mark is not text received; the next delta continues, neither sliced nor
+    # marked again.
+    send_live(group, delta(run_id, 1, 1, "w012 ", offset=55))
+    expect(live).to_have_text(text + "w008 w009  … w011 w012 ")
     # Another worker took the run over: its deltas (same step and attempt, another claim)
     # start the text afresh, never continue the dead worker's checkpoint.
     send_live(group, delta(run_id, 1, 1, "w001 ", claim=2, offset=0))
     expect(live).to_have_text("w001 ")
     expect(page.locator("#live-step")).to_contain_text("Another worker took over")
+
+
+# -- issue 29: offsets come from the messages, gap marks only where a delta was missed ----------
+
+WORDS = [f"w{i:03d} " for i in range(1, 41)]
+MODEL_TEXT = "".join(WORDS)
+
+
+def word_delta(run_id: str, i: int, count: int = 1, claim: int = 1) -> dict:
+    """The delta carrying ``count`` words from word ``i`` (0-based), at its real offset."""
+    text = "".join(WORDS[i : i + count])
+    return delta(run_id, 1, 1, text, claim=claim, offset=len("".join(WORDS[:i])))
+
+
+def test_a_viewer_from_the_start_sees_one_gap_mark_where_one_delta_was_missed(stack, page, sign_in):
+    """Issue 29: after one real gap every later delta was marked as a gap or sliced
+    ("w013 … w014 15 w016"): the page counted its own marks as received text."""
+    run_id, group = open_run_page(stack, page, sign_in)
+    live = page.locator("#live-text")
+    for i in range(len(WORDS)):
+        if i == 14:
+            continue  # w015's delta never reaches this viewer
+        send_live(group, word_delta(run_id, i))
+    expected = "".join(WORDS[:14]) + " … " + "".join(WORDS[15:])
+    expect(live).to_have_text(expected)
+    expect(live).to_have_attribute("data-gaps", "1")
+    expect(live).to_have_attribute("data-mid-answer", "false")
+
+
+def test_a_viewer_from_the_start_with_every_delta_sees_exactly_the_models_text(
+    stack, page, sign_in
+):
+    run_id, group = open_run_page(stack, page, sign_in)
+    live = page.locator("#live-text")
+    # Coalesced deltas (several words in one) and a repeat of text already drawn.
+    send_live(group, word_delta(run_id, 0, 3))
+    send_live(group, word_delta(run_id, 2, 4))  # w003 again, then w004..w006
+    for i in range(6, len(WORDS)):
+        send_live(group, word_delta(run_id, i))
+    expect(live).to_have_text(MODEL_TEXT)
+    expect(live).to_have_attribute("data-gaps", "0")
+
+
+def test_a_late_joiner_without_a_checkpoint_sees_a_started_mid_answer_mark(stack, page, sign_in):
+    run_id, group = open_run_page(stack, page, sign_in)
+    live = page.locator("#live-text")
+    # The opening ten words went out before this page subscribed, and no checkpoint exists.
+    for i in range(10, len(WORDS)):
+        send_live(group, word_delta(run_id, i))
+    expect(live).to_have_text("… " + "".join(WORDS[10:]))
+    expect(live).to_have_attribute("data-mid-answer", "true")
+    expect(live).to_have_attribute("data-gaps", "0")
+    expect(page.locator("#live-step")).to_contain_text("Started mid-answer")
+
+
+def test_a_late_joiner_sees_the_checkpoint_then_the_live_tail(stack, page, sign_in):
+    from runtime.models import StreamCheckpoint
+
+    run_id = off_loop(operations.start_run, agent="demo", input="hi", actor="olga")
+    checkpoint = "".join(WORDS[:12])
+    off_loop(
+        StreamCheckpoint.objects.create, run_id=run_id, step=1, attempt=1, claim=1, text=checkpoint
+    )
+    sign_in(page)
+    page.goto(f"{stack.base_url}/runs/{run_id}/")
+    live = page.locator("#live-text")
+    expect(live).to_have_text(checkpoint)
+    group = run_group(run_id)
+    for i in range(10, len(WORDS)):  # the first two overlap the checkpoint
+        send_live(group, word_delta(run_id, i))
+    expect(live).to_have_text(MODEL_TEXT)
+    expect(live).to_have_attribute("data-gaps", "0")
+    expect(live).to_have_attribute("data-mid-answer", "false")
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_reconnect_after_a_server_restart_marks_only_what_was_missed(
+    stack, page, sign_in, checkpointed
+):
+    """Deltas sent while the server was down are missed: one mark, there, unless the
+    checkpoint read on reconnect covers them (then the text is the model's, unmarked)."""
+    from runtime.models import StreamCheckpoint
+
+    run_id, group = open_run_page(stack, page, sign_in)
+    live = page.locator("#live-text")
+    status = page.locator("#live [data-live-status]")
+    for i in range(10):
+        send_live(group, word_delta(run_id, i))
+    expect(live).to_have_text("".join(WORDS[:10]))
+    stack.server.terminate()
+    stack.server.wait(timeout=10)
+    expect(status).to_contain_text(re.compile("Disconnected|cannot be reached"))
+    for i in range(10, 13):
+        send_live(group, word_delta(run_id, i))  # nobody receives these
+    if checkpointed:
+        off_loop(
+            StreamCheckpoint.objects.create,
+            run_id=run_id,
+            step=1,
+            attempt=1,
+            claim=1,
+            text="".join(WORDS[:13]),
+        )
+    stack.restart_server()
+    expect(status).to_have_text("Live: connected.", timeout=20_000)
+    for i in range(13, len(WORDS)):
+        send_live(group, word_delta(run_id, i))
+    if checkpointed:
+        expect(live).to_have_text(MODEL_TEXT)
+        expect(live).to_have_attribute("data-gaps", "0")
+    else:
+        expect(live).to_have_text("".join(WORDS[:10]) + " … " + "".join(WORDS[13:]))
+        expect(live).to_have_attribute("data-gaps", "1")
+    expect(live).to_have_attribute("data-mid-answer", "false")

@@ -122,3 +122,36 @@ def test_runtime_show_prints_parent_children_and_due_at():
     document = json.loads(show(child.id, "--json"))
     assert document["parent"] == {"run": parent_id, "call": child.parent_call_id}
     assert document["ticket"]["due_at"] == timer.due_at.isoformat()
+
+
+def test_runs_list_shows_a_child_runs_parent_as_a_short_link(operator):
+    """Issue 32: "Started by run:<32 hex>" was one unbroken word that widened the runs list
+    (50 rows 4,560 px high); a child's row links its parent by the id's first 8 characters,
+    the full id in the title, with no query per row."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    CHILD = {"steps": [{"text": "ok"}]}
+
+    def family() -> tuple[str, str, str, int]:
+        parent_id = demo_run(
+            {"tool_calls": [{"name": "delegate", "arguments": {"input": "x", "script": CHILD}}]},
+            {"text": "done"},
+        )
+        drive()
+        child = Run.objects.get(parent_run_id=parent_id)
+        with CaptureQueriesContext(connection) as queries:
+            page = operator.get(reverse("console:runs")).content.decode()
+        return parent_id, child.id, page, len(queries.captured_queries)
+
+    parent_id, child_id, _, one_child = family()
+    _, _, page, two_children = family()
+    assert f"run:{parent_id}" not in page
+    link = (
+        f'<a class="mono" data-testid="started-by-run"'
+        f' href="{reverse("console:run", args=[parent_id])}" title="run {parent_id}">'
+        f"run {parent_id[:8]}</a>"
+    )
+    row = page[page.index(f'id="run-{child_id}"') :]
+    assert link in row[: row.index("</tr>")]
+    assert two_children == one_child

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from asgiref.testing import ApplicationCommunicator
 from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
 from django.test import Client
+from psycopg_pool import ConnectionPool
 
+from console import health
 from tests.subprocesses import redis_url_for_tests
 
 pytestmark = pytest.mark.django_db
@@ -53,6 +56,8 @@ def test_readyz_checks_database_migrations_and_channel_layer():
         "status": "ready",
         "checks": {
             "database": "ok",
+            "pool": "ok",
+            "runs_table": "ok",
             "migrations": "ok",
             "channel_layer": "ok",
             "static_files": "ok",
@@ -121,3 +126,22 @@ def test_readyz_round_trips_through_redis(settings):
     settings.CHANNEL_LAYERS = _redis_layer(redis_url_for_tests())
     response = Client().get("/readyz")
     assert response.status_code == 200, response.json()
+
+
+def test_the_database_probe_names_an_unreachable_database_within_a_second():
+    """A pool whose database cannot be reached: the probe gives up after its own short wait
+    (not the pool's timeout) and names the database, not the pool (psycopg_pool counts the
+    connections it is trying to make in its size: it looked full, "exhausted")."""
+    pool = ConnectionPool(
+        "postgresql://127.0.0.1:1/nothing", min_size=1, max_size=2, open=False, timeout=30
+    )
+    found = {"database": "ok", "pool": "ok", "runs_table": "ok"}
+    started = time.monotonic()
+    try:
+        health._probe_pooled(pool, found)
+    finally:
+        pool.close()
+    assert time.monotonic() - started < 1.5
+    assert found["database"].startswith("no connection within 0.25 s"), found
+    assert found["pool"] == "ok"
+    assert found["runs_table"].startswith("not checked"), found

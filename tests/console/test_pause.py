@@ -135,3 +135,27 @@ def test_runtime_resume_of_a_paused_run_says_it_stays_paused(approval_run):
     call_command("runtime_resume", run.run_id, "--ticket", ticket, "--approve", stdout=out)
     assert out.getvalue().startswith(f"run {run.run_id}: running, paused by cli:"), out.getvalue()
     assert ": hold (version " in out.getvalue()
+
+
+def test_an_inbox_card_of_a_paused_run_says_paused(operator, approval_run, new_run):
+    """Issue 32: a paused run's card looked like any other, and a bulk approve answered it
+    while its call stays awaiting until a resume. Its card (inbox and ticket page) carries a
+    visible "Paused" badge linking the run, and its accessible name says so; other cards
+    carry none."""
+    run, ticket = approval_run
+    other = new_run()
+    (call,) = other.open_batch(
+        {"name": "ledger_approval", "arguments": {"key": "b"}, "permission": "ask"}
+    )
+    other_ticket = other.await_ticket(call, "approval", request={"tool": "ledger_approval"})
+    inbox = operator.get("/inbox/").content.decode()
+    assert 'data-testid="card-paused"' not in inbox
+    _post(operator, f"/runs/{run.run_id}/pause/", {"reason": "look"})
+    for path in ("/inbox/", f"/tickets/{ticket}/"):
+        page = operator.get(path).content.decode()
+        card = page.split(f'id="ticket-{ticket}"', 1)[1].split("</header>", 1)[0]
+        assert 'data-testid="card-paused"' in card and ">Paused</a>" in card, path
+        assert ", paused;" in card or ', paused"' in card, path
+    page = operator.get("/inbox/").content.decode()
+    card = page.split(f'id="ticket-{other_ticket}"', 1)[1].split("</header>", 1)[0]
+    assert 'data-testid="card-paused"' not in card

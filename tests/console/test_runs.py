@@ -264,6 +264,18 @@ def test_start_refusals(operator, data, status, text):
     assert not Run.objects.exists()
 
 
+def test_start_refuses_a_script_for_an_agent_with_a_real_model(operator):
+    """The form comes filled with a demo script; left there for the `assistant` agent (an
+    OpenAI-compatible model) it would have replaced the model without a word."""
+    script = json.dumps({"steps": [{"text": "hello"}]})
+    response = operator.post(
+        reverse("console:start"), {"agent": "assistant", "input": "x", "script": script}
+    )
+    assert response.status_code == 400
+    assert "answers with its model (openai)" in response.content.decode()
+    assert not Run.objects.exists()
+
+
 def test_start_on_a_thread_with_an_active_run_is_refused(operator, new_run):
     run = new_run()
     thread_id = Run.objects.get(id=run.run_id).thread_id

@@ -29,7 +29,7 @@ def test_an_operator_creates_an_endpoint_sends_a_test_and_reads_its_log(operator
     assert "Send test" in detail and endpoint.secret in detail
     operator.post(f"/webhooks/{endpoint.id}/disable/")
     assert not WebhookEndpoint.objects.get().enabled
-    operator.post(f"/webhooks/{endpoint.id}/delete/")
+    operator.post(f"/webhooks/{endpoint.id}/delete/", {"confirm": "on"})
     assert not WebhookEndpoint.objects.exists() and not WebhookDelivery.objects.exists()
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from runtime.domain import recovery as rec
-from runtime.domain.model import CallPhase, RecoveryPolicy
+from runtime.domain.model import CallPhase, Effects, RecoveryPolicy
 from tests.domain import drafts
 
 REPLAY, RECONNECT, INDETERMINATE = (
@@ -51,3 +51,34 @@ def test_executing_decision(policy, attempt, looked_up, lookup_failed, expected)
             )
     else:
         assert decision == expected
+
+
+NONE, IDEMPOTENT, ONCE = Effects.NONE, Effects.IDEMPOTENT, Effects.ONCE
+
+
+@pytest.mark.parametrize(
+    ("policy", "effects", "attempt", "expected"),
+    [
+        (REPLAY, IDEMPOTENT, 1, rec.Retry(2)),  # attempts left: run it again
+        (REPLAY, IDEMPOTENT, 3, rec.Fail),
+        (REPLAY, NONE, 3, rec.Fail),
+        (REPLAY, ONCE, 3, rec.Seal),
+        (RECONNECT, IDEMPOTENT, 1, rec.Lookup()),  # the downstream may know it applied
+        (INDETERMINATE, NONE, 1, rec.Fail),
+        (INDETERMINATE, ONCE, 1, rec.Seal),  # a once effect that may have started: Reconcile
+    ],
+)
+def test_a_tool_that_raised_fails_its_call_unless_a_once_effect_may_have_started(
+    policy, effects, attempt, expected
+):
+    """Issue 31, item 7: the exception becomes the call's error result where the declared
+    effects leave nothing for a person to check."""
+    call = replace(executing(policy, attempt, max_attempts=3), effects=effects)
+    decision = rec.executing_decision(call, raised="KeyError: 'x'")
+    if expected in (rec.Fail, rec.Seal):
+        assert isinstance(decision, expected)
+    else:
+        assert decision == expected
+    if isinstance(decision, rec.Fail):
+        tries = "1 attempt" if attempt == 1 else f"{attempt} attempts"
+        assert decision.reason == f"the tool raised KeyError: 'x' ({tries})"

@@ -25,6 +25,7 @@ METADATA = {
     "huge_int": ARGUMENT_TEXTS["huge_int"],
     "nan": '{"n": NaN}',
     "invalid": "{nope",
+    "not_object": "[1, 2]",
 }
 ODD_IDS = ["~x~", "a" * 100, "\u00e9"]
 
@@ -44,6 +45,8 @@ def test_runtime_start_refuses_hostile_metadata(command, name) -> None:
         "runtime_start", "--agent", "demo", "--input", "go", "--metadata", METADATA[name]
     )
     refused_cleanly(done)
+    assert done.returncode == 2, done  # a refused argument (README: 2 for arguments)
+    assert "--metadata" in done.stderr, done.stderr
     assert counts() == before
 
 

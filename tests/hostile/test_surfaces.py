@@ -20,13 +20,25 @@ from runtime.models import (
     MessageRecord,
     ReconciliationRecord,
     Run,
+    StartRecord,
     Thread,
     ThreadCommit,
     Ticket,
     ToolCallRecord,
+    WebhookEndpoint,
 )
-from tests.api.conftest import INPUT, drive
-from tests.hostile.corpus import ARGUMENT_TEXTS, JSON_VALUES, PATH_SEGMENTS, TEXT, crafted_cursors
+from tests.api.conftest import INPUT, drive, error_of
+from tests.hostile.corpus import (
+    ARGUMENT_TEXTS,
+    BAD_PORTS,
+    INTERNAL_HOSTS,
+    JSON_VALUES,
+    NOT_UTF8_JSON,
+    NUMBER_TEXTS,
+    PATH_SEGMENTS,
+    TEXT,
+    crafted_cursors,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -38,8 +50,10 @@ TABLES = (
     ToolCallRecord,
     Ticket,
     CommandRecord,
+    StartRecord,
     ReconciliationRecord,
     LedgerEffect,
+    WebhookEndpoint,
 )
 # The hostile values as they reach a JSON body or a form field (surrogates cannot survive a
 # form's UTF-8 decoding, so a form gets them as JSON escapes in its JSON fields).
@@ -68,6 +82,14 @@ def unchanged():
 @pytest.fixture
 def operator_client(make_user) -> Client:
     user, _ = make_user("oscar", superuser=True)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def viewer_client(make_user) -> Client:
+    user, _ = make_user("vera", "read")
     client = Client()
     client.force_login(user)
     return client
@@ -114,6 +136,40 @@ def test_api_refuses_too_deep_and_huge_number_bodies(api, unchanged) -> None:
             "/api/v1/runs", raw, content_type="application/json", headers=api.headers()
         )
         refused(response, 400, 422)
+
+
+@pytest.mark.parametrize("name", sorted(NOT_UTF8_JSON))
+@pytest.mark.parametrize("path", ["/runs", "/threads", "/webhooks"])
+def test_api_refuses_json_that_is_not_utf8_without_a_bom(api, unchanged, name, path) -> None:
+    """RFC 8259 §8.1: JSON is UTF-8, without a byte order mark; one rule for every body."""
+    response = api.client.post(
+        f"/api/v1{path}",
+        NOT_UTF8_JSON[name],
+        content_type="application/json",
+        headers=api.headers(),
+    )
+    refused(response, 400)
+    error = error_of(response)
+    assert error["code"] == "invalid_encoding"
+    assert "UTF-8" in error["message"] and error["detail"]["encoding"]
+
+
+@pytest.mark.parametrize("name", sorted(INTERNAL_HOSTS))
+def test_api_webhook_refuses_internal_hosts_in_any_spelling(api, unchanged, name) -> None:
+    url = f"http://{INTERNAL_HOSTS[name]}/in"
+    response = api.post("/webhooks", {"url": url, "events": ["run.ended"]})
+    refused(response, 422)
+    assert error_of(response)["code"] == "webhook_refused"
+
+
+@pytest.mark.parametrize("port", BAD_PORTS)
+def test_api_webhook_refuses_ports_outside_the_range(api, unchanged, port) -> None:
+    response = api.post(
+        "/webhooks", {"url": f"https://hooks.example:{port}/", "events": ["run.ended"]}
+    )
+    refused(response, 422)
+    error = error_of(response)
+    assert error["code"] == "webhook_refused" and "1 to 65535" in error["message"]
 
 
 @pytest.mark.parametrize("segment", sorted(PATH_SEGMENTS))
@@ -244,3 +300,72 @@ def test_api_resume_input_answer(api) -> None:
     )
     refused(response, 400, 422)
     assert counts() == before
+
+
+# -- every query parameter, every number (issue 31, item 3) ---------------------------------
+
+
+def _query_parameters() -> list[tuple[str, str, str]]:
+    """(path, parameter, type) of every query parameter of every API operation, from the
+    OpenAPI document clients read (path parameters filled with an id nobody has)."""
+    from console.api.api import api as ninja_api
+
+    found = []
+    for path, operations in ninja_api.get_openapi_schema()["paths"].items():
+        for parameter in operations.get("get", {}).get("parameters", []):
+            if parameter["in"] == "query":
+                kind = parameter.get("schema", {}).get("type", "")
+                filled = path.replace("{run_id}", "0" * 32).replace("{endpoint_id}", "0" * 32)
+                found.append((filled, parameter["name"], kind))
+    return found
+
+
+QUERY_PARAMETERS = _query_parameters()
+
+
+def assert_names_parameter(response, name: str) -> None:
+    """422 validation_error whose errors name the query parameter ``name``."""
+    assert response.status_code == 422, (response.status_code, response.content[:300])
+    error = response.json()["error"]
+    assert error["code"] == "validation_error", error
+    assert ["query", name] in [e["loc"] for e in error["detail"]["errors"]], error
+
+
+@pytest.mark.parametrize(("path", "param", "kind"), QUERY_PARAMETERS)
+def test_api_nul_in_any_query_parameter_is_422_naming_it(api, unchanged, path, param, kind):
+    response = api.client.get(f"{path}?{param}=a%00b", headers=api.headers())
+    assert_names_parameter(response, param)
+
+
+@pytest.mark.parametrize("number", sorted(NUMBER_TEXTS))
+@pytest.mark.parametrize(
+    ("path", "param", "kind"), [p for p in QUERY_PARAMETERS if p[2] == "integer"]
+)
+def test_api_odd_numbers_in_query_parameters_are_422(api, unchanged, path, param, kind, number):
+    response = api.client.get(path, {param: NUMBER_TEXTS[number]}, headers=api.headers())
+    assert_names_parameter(response, param)
+
+
+@pytest.fixture
+def run_id(api) -> str:
+    """A run with a few commits (it waits for an input)."""
+    body = {"agent": "demo", "input": "go", "metadata": {"script": {"steps": [INPUT]}}}
+    run = api.post("/runs", body).json()
+    drive()
+    return run["id"]
+
+
+@pytest.mark.parametrize("number", sorted(NUMBER_TEXTS))
+def test_console_log_page_refuses_odd_numbers(viewer_client, run_id, unchanged, number):
+    response = viewer_client.get(f"/runs/{run_id}/", {"log_before": NUMBER_TEXTS[number]})
+    assert response.status_code == 400, response.status_code
+    assert viewer_client.get(f"/runs/{run_id}/", {"log_before": "2"}).status_code == 200
+
+
+@pytest.mark.parametrize("number", sorted(NUMBER_TEXTS))
+def test_console_fork_refuses_odd_steps(operator_client, run_id, unchanged, number):
+    response = operator_client.post(
+        f"/runs/{run_id}/fork/", {"at_step": NUMBER_TEXTS[number]}, follow=True
+    )
+    assert response.status_code == 200
+    assert "Not forked: choose the step to fork after." in response.content.decode()

@@ -13,12 +13,12 @@ from django.core.management import call_command
 from runtime import fsck, operations
 from runtime.demo.models import LedgerEffect
 from runtime.domain.events import CallIndeterminate
-from runtime.domain.model import Disposition
+from runtime.domain.model import Decision, Disposition, ResumeCommand, TicketKind
 from runtime.errors import ForkRefused, NotFound
 from runtime.inventory import unreconciled_calls
-from runtime.models import MessageRecord, Run, ThreadCommit
+from runtime.models import MessageRecord, Run, ThreadCommit, Ticket
 from tests.console.support import RunDriver
-from tests.runtime.support import assert_log_sound, calls, text_step, tool_step
+from tests.runtime.support import assert_log_sound, calls, run_row, text_step, tool_step
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,6 +56,9 @@ def test_fork_from_step_2_copies_history_and_runs_nothing_again(start, work_inli
         "by": "olga",
     }
     assert run.metadata["script"] == src.metadata["script"]
+    # The relation is also a column (indexed: the run page's forks are a lookup).
+    assert run.forked_from == source and src.forked_from is None
+    assert list(Run.objects.filter(forked_from=source).values_list("id", flat=True)) == [fork]
     copied = calls(fork)
     assert [c.name for c in copied] == ["ledger_once", "ledger_replay", "ledger_once"]
     originals = calls(source)
@@ -137,3 +140,45 @@ def test_runtime_fork_command(start, work_inline):
     out = StringIO()
     call_command("runtime_fork", source, "--at-step", "2", "--json", stdout=out)
     assert json.loads(out.getvalue())["metadata"]["forked_from"]["step"] == 2
+
+
+def _approve(run_id: str) -> None:
+    ticket = Ticket.objects.get(run_id=run_id, kind="approval", state="open")
+    command = ResumeCommand(
+        ticket_id=ticket.id, kind=TicketKind.APPROVAL, decision=Decision.APPROVE
+    )
+    operations.resume(run_id, command, actor="approver")
+
+
+def test_a_run_paused_during_the_step_forks(start, work_inline):
+    """Issue 31, item 4: the pause ticket names no call; its copy must name none either (the
+    copy once gave its empty call id a new id, and the fork was refused as invalid_commit)."""
+    source = start(tool_step(("ledger_approval", {"key": "a"})), text_step("done"))
+    work_inline()
+    paused = operations.pause(source, actor="op", reason="look first")
+    operations.resume_run(source, actor="op", ticket_id=paused["pause"]["ticket_id"])
+    _approve(source)
+    work_inline()
+    assert run_row(source).end_cause == "natural"
+
+    fork = operations.fork_run(source, at_step=1, actor="olga")
+    assert Run.objects.get(id=fork).state == "running"
+    assert fsck.check(Run.objects.get(id=fork).thread_id) == []
+
+
+def test_a_step_ended_by_a_cancel_while_awaiting_is_refused_with_the_reason(start, work_inline):
+    """Issue 31, item 4: the cancel that ended the awaiting run also ended its step; a copy
+    cannot go on from there (a run leaves Awaiting only by a resume), so the fork is refused
+    with the reason (409), not with an illegal transition of the copy."""
+    source = start(
+        tool_step(("ledger_once", {"key": "a"})),
+        tool_step(("ledger_approval", {"key": "b"})),
+        text_step("done"),
+    )
+    work_inline()
+    operations.cancel(source, actor="op", reason="enough")
+    with pytest.raises(ForkRefused) as refused:
+        operations.fork_run(source, at_step=2, actor="olga")
+    assert refused.value.status == 409
+    assert "cancelled while it awaited" in refused.value.message
+    assert operations.fork_run(source, at_step=1, actor="olga")  # the step before forks

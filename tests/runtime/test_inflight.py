@@ -25,7 +25,7 @@ from tests.subprocesses import subprocess_database_url
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 IN_FLIGHT = 200
-DB_CONNECTIONS, TOOL_THREADS = 3, 1  # a pool of 4 connections for statements and tools
+DB_CONNECTIONS, TOOL_THREADS = 3, 1  # 4 connections for statements and tools
 LEASE_SECONDS = 10  # a loaded machine may delay a heartbeat; a takeover waits this long
 # Every run: one batch of two ledger calls (one replay-safe, one applied at most once).
 TOOL_CALLS = [("ledger_replay", {"key": "r"}), ("ledger_once", {"key": "o"})]
@@ -99,7 +99,8 @@ def test_one_worker_drives_200_runs_at_once_on_a_pool_of_4(start_run, spawn_work
         assert server.peak >= IN_FLIGHT, f"at most {server.peak} runs waited on the model at once"
         assert server.requests == 2 * IN_FLIGHT
     if peak is not None:
-        assert 0 < peak <= DB_CONNECTIONS + TOOL_THREADS + 1, f"{peak} connections"
+        # One more each to LISTEN and for the heartbeat (its beats queue behind no statement).
+        assert 0 < peak <= DB_CONNECTIONS + TOOL_THREADS + 2, f"{peak} connections"
     ended = Counter(Run.objects.filter(id__in=run_ids).values_list("end_cause", flat=True))
     assert ended == {"natural": IN_FLIGHT}
     applied = Counter(LedgerEffect.objects.values_list("applied", flat=True))

@@ -1,5 +1,6 @@
 """Logs: every logger reaches stderr, with the run, thread, commit, worker and request they
-are about; plain lines by default, JSON lines with LOG_FORMAT=json; level from LOG_LEVEL.
+are about; plain lines by default, JSON lines with LOG_FORMAT=json; level from LOG_LEVEL, single
+loggers' levels from RUNTIME_LOG_LEVELS.
 
 The subprocess tests run real ``manage.py`` processes, so the LOGGING setting is exercised
 exactly as a deployment loads it.
@@ -102,6 +103,45 @@ def test_a_bad_log_level_or_format_stops_start_up_naming_the_variable(command):
         done = command("check", **{name: value})
         assert done.returncode != 0
         assert name in done.stderr
+
+
+# One INFO record from each model client logger and from two runtime loggers.
+LEVELS_PROBE = """
+import logging
+for name in ("httpx", "httpx2", "openai", "anthropic", "runtime.worker", "runtime.probe"):
+    logging.getLogger(name).info("probe from %s", name)
+logging.getLogger("runtime.worker.loop").debug("debug probe from runtime.worker.loop")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_model_client_requests_are_quiet_by_default_and_levels_are_set_per_logger(command):
+    done = command("shell", "-c", LEVELS_PROBE, LOG_LEVEL="INFO", LOG_FORMAT=None)
+    assert done.returncode == 0, done.stderr
+    said = {line.rsplit(" ", 1)[-1] for line in done.stderr.splitlines() if "probe from" in line}
+    assert said == {"runtime.worker", "runtime.probe"}, done.stderr  # no HTTP request line
+
+    done = command(
+        "shell",
+        "-c",
+        LEVELS_PROBE,
+        LOG_LEVEL="INFO",
+        LOG_FORMAT=None,
+        RUNTIME_LOG_LEVELS=" httpx2=info, runtime.probe=WARNING,runtime.worker=DEBUG ",
+    )
+    assert done.returncode == 0, done.stderr
+    said = {line.rsplit(" ", 1)[-1] for line in done.stderr.splitlines() if "probe from" in line}
+    assert said == {"httpx2", "runtime.worker", "runtime.worker.loop"}, done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_malformed_log_levels_setting_stops_start_up_naming_it(command):
+    for value in ("httpx2", "=DEBUG", "httpx2=LOUD"):
+        done = command("check", RUNTIME_LOG_LEVELS=value)
+        assert done.returncode != 0
+        assert "RUNTIME_LOG_LEVELS" in done.stderr and repr(value) in done.stderr, done.stderr
 
 
 def test_context_is_restored_after_its_block_and_extra_wins():

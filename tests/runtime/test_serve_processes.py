@@ -78,7 +78,7 @@ def test_processes_is_refused_with_the_way_to_run_several() -> None:
         call_command("runtime_serve", "--processes", "2")
     message = str(refused.value)
     assert "\n" not in message
-    assert 'README, "Several server processes"' in message
+    assert 'docs/processes.md, "Several server processes"' in message
     assert "daphne" in message and "REDIS_URL" in message and "runtime_worker" in message
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import io
 import json
 
@@ -9,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from runtime import webhooks
-from runtime.models import WebhookEndpoint
+from runtime.models import WebhookChange, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
 
@@ -48,6 +49,9 @@ def test_an_endpoint_from_add_to_remove():
     assert log["state"] == "delivered" and log["log"][0]["status_code"] == 200
     assert "removed" in run("remove", endpoint_id)
     assert not WebhookEndpoint.objects.exists()
+    changes = WebhookChange.objects.order_by("id").values_list("action", "actor")
+    assert [a for a, _ in changes] == ["create", "disable", "delete"]  # for Audit (issue 32)
+    assert {who for _, who in changes} == {f"cli:{getpass.getuser()}"}
 
 
 def due_time():

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from runtime import webhooks
+from runtime.domain.webhooks import AllowList
 from runtime.errors import WebhookRefused
 from runtime.models import WebhookDelivery, WebhookEndpoint, new_webhook_secret
 from tests.runtime.hostile_receiver import Hostile
@@ -113,6 +114,23 @@ def test_internal_hosts_allowed_by_name_or_network_are_accepted(settings):
         webhooks.create_endpoint(url=url, events=["run.ended"])
     with pytest.raises(WebhookRefused):
         webhooks.create_endpoint(url="http://192.168.0.1/", events=["run.ended"])
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "8.8.8.8",
+        "[2606:4700:4700::1111]",
+        "[::ffff:8.8.8.8]",
+        "[64:ff9b::8.8.8.8]",
+        "hooks.example:65535",
+        "hooks.example:1",
+    ],
+)
+def test_public_addresses_pass_in_their_spellings(host):
+    """The other side of tests/hostile's INTERNAL_HOSTS: IPv4 inside IPv6 is judged as the
+    IPv4 address, so a public one passes (the corpus holds the internal ones)."""
+    assert webhooks.url_problem(f"https://{host}/in", AllowList()) is None
 
 
 def test_a_bad_url_saved_before_the_check_fails_its_attempts_on_a_worker(start, spawn_worker):

@@ -6,20 +6,18 @@ the outcome from committed facts and the effect ledger.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
+import threading
 import time
 from collections import Counter
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connections
 
 from runtime import conf
 from runtime import worker as worker_module
-from runtime.loop import Services, ThreadPool
 from runtime.models import LateEvidence, ThreadCommit
-from runtime.providers import Providers
 from runtime.worker import Worker
 from tests.runtime.support import (
     applied,
@@ -252,25 +250,37 @@ def test_the_heartbeat_survives_a_failed_beat(monkeypatch, transactional_db):
     monkeypatch.setattr(conf, "heartbeat_seconds", lambda: 0.01)
     beats: list[int] = []
 
-    def renew(held: dict) -> tuple[set[str], set[str]]:
+    def renew(held: dict) -> tuple[set[str], set[str], set[str]]:
         beats.append(1)
         if len(beats) == 1:
             raise OperationalError("server closed the connection unexpectedly")
-        return set(), set()
+        return set(), set(), set()
 
     monkeypatch.setattr(worker_module, "renew", renew)
+    stop = threading.Event()
 
-    async def beat_twice() -> None:
-        pool = ThreadPool(1, "db")
-        services = Services(db=pool.run, tools=pool, providers=Providers())
-        heartbeat = asyncio.ensure_future(Worker(worker_id="beats")._heartbeat(services))
+    def beat() -> None:  # the heartbeat's thread, as Worker.serve runs it
         try:
-            async with asyncio.timeout(10):
-                while len(beats) < 2 and not heartbeat.done():
-                    await asyncio.sleep(0.01)
+            Worker(worker_id="beats")._heartbeats(stop)
         finally:
-            heartbeat.cancel()
-            pool.close()
-        assert len(beats) >= 2, "the heartbeat died on its first failed beat"
+            connections.close_all()
 
-    asyncio.run(beat_twice())
+    beating = threading.Thread(target=beat)
+    beating.start()
+    try:
+        wait_for(lambda: len(beats) >= 2 or not beating.is_alive(), timeout=10, what="2 beats")
+    finally:
+        stop.set()
+        beating.join(10)
+    assert len(beats) >= 2, "the heartbeat died on its first failed beat"
+
+
+def test_a_stalled_event_loop_keeps_no_lease(monkeypatch):
+    """The heartbeat's thread renews nothing for a worker whose event loop has not turned for
+    a lease: its drivers make no progress, so its runs go to a worker that can drive them."""
+    renewed: list[dict] = []
+    monkeypatch.setattr(worker_module, "renew", lambda held: renewed.append(held))
+    stalled = Worker(worker_id="stalled")
+    stalled.turned = time.monotonic() - worker_module.LOOP_STALL_SECONDS - 60
+    stalled._beat()
+    assert renewed == []

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import threading
 from typing import Any
@@ -45,7 +44,7 @@ from console.consumers import max_message_bytes
 from console.health import check_migrations
 from runtime import db
 from runtime.management.base import RuntimeCommand
-from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
+from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker, leave_now
 
 # Connections the kernel queues before daphne accepts them (Twisted's default is 50): a burst
 # of clients connecting at once must not overflow it and wait for their SYN to be resent.
@@ -54,7 +53,8 @@ BACKLOG = 1024
 SEVERAL_PROCESSES = (
     "--processes is gone: runtime_serve is one process. To serve from several, run one daphne"
     " process per port behind a reverse proxy, with REDIS_URL and runtime_worker processes"
-    ' (README, "Several server processes"; deploy/runtime-web@.service, deploy/nginx.conf)'
+    ' (docs/processes.md, "Several server processes";'
+    " deploy/runtime-web@.service, deploy/nginx.conf)"
 )
 
 
@@ -156,11 +156,11 @@ class Command(RuntimeCommand):
         their boundary, release their leases and record the stop (its thread is a daemon, so
         without this wait the process would exit under it and leave the row to turn stale)."""
 
-        def leave_now(signum, frame):  # a second signal while the worker finishes
-            os._exit(128 + signum)
+        def second(signum, frame):  # a second signal while the worker finishes
+            leave_now(signum)
 
-        signal.signal(signal.SIGTERM, leave_now)
-        signal.signal(signal.SIGINT, leave_now)
+        signal.signal(signal.SIGTERM, second)
+        signal.signal(signal.SIGINT, second)
         self.stderr.write(f"worker {worker.worker_id}: stopping after this boundary")
         worker.stop()
         while thread.is_alive():

@@ -5,6 +5,8 @@
 
   var POLL_MS = 5000;
   var INTERRUPTED_MS = 5000;  // no delta for this long while streaming: say so
+  var GAP_MARK = " … ";  // drawn where deltas were missed (see docs/live.md)
+  var MID_MARK = "… ";  // drawn first when the stream was joined after its opening words
 
   function flash(text, kind) {
     var box = document.getElementById("flash");
@@ -174,6 +176,36 @@
   });
   document.addEventListener("htmx:afterSwap", tickTimes);
 
+  // -- boxes of untrusted text that scroll take the keyboard's focus ------------------------
+  // A pre.untrusted is capped in height (console.css); when its text is taller or wider, a
+  // keyboard user must be able to focus it to scroll it (axe-core's
+  // scrollable-region-focusable): it becomes a named group in the tab order, named by its
+  // data-label, else by its box's .io-label, else "Scrolling text". A box that fits stays
+  // out of the tab order.
+  function markScrollers() {
+    document.querySelectorAll("pre.untrusted").forEach(function (el) {
+      var scrolls = el.scrollHeight > el.clientHeight + 1 || el.scrollWidth > el.clientWidth + 1;
+      if (scrolls === el.hasAttribute("data-scrolls")) return;
+      if (!scrolls) {
+        ["data-scrolls", "tabindex", "role", "aria-label"].forEach(function (a) { el.removeAttribute(a); });
+        return;
+      }
+      var label = el.dataset.label;
+      if (!label) {
+        var io = el.parentElement && el.parentElement.querySelector(".io-label");
+        label = io ? io.textContent.trim().replace(/\s+/g, " ") : "Scrolling text";
+      }
+      el.setAttribute("data-scrolls", "");
+      el.setAttribute("tabindex", "0");
+      el.setAttribute("role", "group");
+      el.setAttribute("aria-label", label);
+    });
+  }
+  document.addEventListener("DOMContentLoaded", markScrollers);
+  document.addEventListener("htmx:afterSettle", markScrollers);
+  document.addEventListener("toggle", markScrollers, true);  // a <details> opened
+  window.addEventListener("resize", markScrollers);
+
   // -- inbox: answered cards stay in place, keep their height, and take the focus ----------
   var heights = {};
   document.addEventListener("htmx:beforeSwap", function (e) {
@@ -280,7 +312,7 @@
       var approve = card.querySelector("button[value=approve]");
       if (approve) {
         e.preventDefault();
-        confirmBox(card, "Approve #" + card.querySelector("h3 b").textContent.replace(/^#/, "") +
+        confirmBox(card, "Approve #" + card.querySelector(".ticket-head h2 b").textContent.replace(/^#/, "") +
                    "? Enter confirms, Esc cancels.", approve);
       }
     } else if (card && e.key === "d") {
@@ -364,7 +396,11 @@
   // -- the run page: committed panels plus the live, unconfirmed stream --------------------
   function startRun(panel) {
     // The stream of one claim of one attempt of one step; any change starts it afresh.
-    var live = { step: 0, attempt: 0, claim: null, text: "", from: null, tools: [], seq: 0, last: 0 };
+    // live.text is what is drawn (it may hold gap marks); live.next is the offset, in the
+    // attempt's text, just past the last text received: offsets come from the messages only,
+    // never from the drawn text (issue 29: counting the marks as text sliced later deltas).
+    var live = { step: 0, attempt: 0, claim: null, text: "", next: null, gaps: 0, mid: false,
+                 tools: [], seq: 0, last: 0 };
     var textEl = document.getElementById("live-text");
     var toolsEl = document.getElementById("live-tools");
     var stepEl = document.getElementById("live-step");
@@ -373,7 +409,9 @@
     function ended() { var c = committed(); return c && c.dataset.state === "ended"; }
     function clear(note) {
       live.text = "";
-      live.from = null;  // the offset, in the attempt's text, where live.text starts
+      live.next = null;  // no text of this stream received yet
+      live.gaps = 0;
+      live.mid = false;
       live.tools = [];
       stepEl.textContent = note || "";
       render();
@@ -383,6 +421,8 @@
       var follow = atBottom(textEl);
       textEl.textContent = live.text;
       textEl.hidden = !live.text;
+      textEl.dataset.gaps = String(live.gaps);
+      textEl.dataset.midAnswer = live.mid ? "true" : "false";
       // Follow the tail unless the operator scrolled up to read.
       if (follow) textEl.scrollTop = textEl.scrollHeight;
       toolsEl.textContent = "";
@@ -437,16 +477,28 @@
       live.claim = claim;
       if (d.kind === "text") {
         var piece = d.text || "";
-        // A text delta says where it goes (offset): what the checkpoint already gave is
-        // skipped, never shown twice; a gap is marked, never papered over (issue 22, 4).
-        if (typeof d.offset === "number" && live.from !== null) {
-          var have = live.from + live.text.length;
-          if (d.offset + piece.length <= have) { arm(); return; }
-          if (d.offset < have) piece = piece.slice(have - d.offset);
-          else if (d.offset > have) piece = " … " + piece;
+        // A text delta says where it goes (offset): what this page already has is skipped,
+        // never shown twice; text that never arrived is marked where it is missing, and
+        // only there (issue 22, 4; issue 29).
+        if (typeof d.offset === "number") {
+          if (live.next === null) {
+            live.next = d.offset;
+            if (d.offset > 0) {  // no checkpoint and the opening deltas were sent before we came
+              live.mid = true;
+              live.text = MID_MARK;
+              stepEl.textContent += " Started mid-answer: the first " + d.offset +
+                " characters were not received.";
+            }
+          }
+          var end = d.offset + piece.length;
+          if (end <= live.next) { arm(); return; }
+          if (d.offset < live.next) piece = piece.slice(live.next - d.offset);
+          else if (d.offset > live.next) { piece = GAP_MARK + piece; live.gaps += 1; }
+          live.next = end;
+        } else if (live.next !== null) {
+          live.next += piece.length;  // a message without an offset (an older worker)
         }
         live.text += piece;
-        if (typeof d.offset === "number" && live.from === null) live.from = d.offset;
       } else if (d.kind === "tool_call") {
         var t = live.tools[d.index];
         if (!t) t = live.tools[d.index] = { name: "", args: "", whole: !!d.name };
@@ -479,12 +531,20 @@
       if (c && String(m.version) !== c.dataset.version) refresh(c);
       // The stream so far (the worker's checkpoint), so a late viewer sees the opening words.
       if (m.stream && m.stream.text !== undefined && m.version === live.seq) {
-        live.step = m.stream.step; live.attempt = m.stream.attempt;
-        live.claim = m.stream.claim === undefined ? null : m.stream.claim;
+        var cp = m.stream;
+        var cpClaim = cp.claim === undefined ? null : cp.claim;
+        // A page that reconnects and already has more of this very stream keeps it: the
+        // checkpoint lags the deltas, and dropping what was drawn would hide received text.
+        if (cp.step === live.step && cp.attempt === live.attempt && cpClaim === live.claim &&
+            live.next !== null && live.next >= cp.text.length) {
+          arm();
+          return;
+        }
+        live.step = cp.step; live.attempt = cp.attempt; live.claim = cpClaim;
         clear("Step " + live.step + ", attempt " + live.attempt + " (unconfirmed; the start is " +
               "from the worker's last checkpoint)");
-        live.text = m.stream.text;
-        live.from = 0;
+        live.text = cp.text;
+        live.next = cp.text.length;  // the checkpoint is the attempt's text from its start
         arm();
         render();
       }

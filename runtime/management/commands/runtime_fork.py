@@ -1,8 +1,10 @@
-"""``manage.py runtime_fork RUN --at-step N [--input TEXT] [--json]``: fork a run from a step.
+"""``manage.py runtime_fork RUN --at-step N [--input TEXT] [--json] [--idempotency-key KEY]``:
+fork a run from a step.
 
 Starts a new run on a new thread whose committed history is RUN's up to the end of Step N
 (copied; nothing runs again), then ``--input`` as a new user message, and prints the new
-run's id (``--json``: its run document). RUN is never changed. Exits 1 when the run cannot be
+run's id (``--json``: its run document). RUN is never changed. With ``--idempotency-key``, the
+same command sent again prints the fork it made and forks nothing. Exits 1 when the run cannot be
 forked there (no such step, or it has not finished), 2 for a bad option.
 """
 
@@ -29,11 +31,20 @@ class Command(BaseCommand):
         )
         parser.add_argument("--input", default=None, help="a user message after the history")
         parser.add_argument("--json", action="store_true", help="print the new run's document")
+        parser.add_argument(
+            "--idempotency-key",
+            default=None,
+            help="the same key and options again print the fork it made, forking nothing",
+        )
 
     def handle(self, *args: Any, run_id: str, at_step: int, **options: Any) -> None:
         try:
             new = fork_run(
-                run_id, at_step=at_step, input=options["input"], actor=f"cli:{getpass.getuser()}"
+                run_id,
+                at_step=at_step,
+                input=options["input"],
+                actor=f"cli:{getpass.getuser()}",
+                idempotency_key=options["idempotency_key"],
             )
         except RuntimeFault as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from exc

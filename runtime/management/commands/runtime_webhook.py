@@ -22,6 +22,11 @@ from runtime.management.base import RuntimeCommand
 from runtime.models import WebhookDelivery, WebhookEndpoint
 
 
+def _cli() -> str:
+    """Who acts from the command line, as recorded (``cli:<login>``)."""
+    return f"cli:{getpass.getuser()}"
+
+
 class Command(RuntimeCommand):
     help = "Manage outgoing webhook endpoints (add, list, show, enable, disable, remove, "
     "rotate, test) and print an endpoint's delivery log."
@@ -60,7 +65,7 @@ class Command(RuntimeCommand):
 
     def _add(self, *, url, event, name, secret, json: bool, **_):
         endpoint = webhooks.create_endpoint(
-            url=url, events=event, name=name, secret=secret, actor=f"cli:{getpass.getuser()}"
+            url=url, events=event, name=name, secret=secret, actor=_cli()
         )
         document = webhooks.endpoint_document(endpoint, secret=True)
         self._print(document, json, f"{endpoint.id} {endpoint.secret}")
@@ -80,23 +85,23 @@ class Command(RuntimeCommand):
         self._print(document, json, "\n".join(f"{k}: {v}" for k, v in document.items()))
 
     def _enable(self, *, endpoint_id, **_):
-        webhooks.update_endpoint(endpoint_id, enabled=True)
+        webhooks.update_endpoint(endpoint_id, enabled=True, actor=_cli())
         self.stdout.write(f"{endpoint_id}: enabled")
 
     def _disable(self, *, endpoint_id, **_):
-        webhooks.update_endpoint(endpoint_id, enabled=False)
+        webhooks.update_endpoint(endpoint_id, enabled=False, actor=_cli())
         self.stdout.write(f"{endpoint_id}: disabled (its deliveries wait until it is enabled)")
 
     def _remove(self, *, endpoint_id, **_):
-        webhooks.delete_endpoint(endpoint_id)
+        webhooks.delete_endpoint(endpoint_id, actor=_cli())
         self.stdout.write(f"{endpoint_id}: removed")
 
     def _rotate(self, *, endpoint_id, **_):
-        endpoint = webhooks.update_endpoint(endpoint_id, rotate_secret=True)
+        endpoint = webhooks.update_endpoint(endpoint_id, rotate_secret=True, actor=_cli())
         self.stdout.write(f"{endpoint_id} {endpoint.secret}")
 
     def _test(self, *, endpoint_id, **_):
-        delivery = webhooks.send_test(endpoint_id, actor=f"cli:{getpass.getuser()}")
+        delivery = webhooks.send_test(endpoint_id, actor=_cli())
         self.stdout.write(f"{endpoint_id}: test event {delivery.message_id} queued")
 
     def _deliveries(self, *, endpoint_id, state, limit, json: bool, **_):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 
 from django.core.management.base import CommandError
@@ -11,7 +10,7 @@ from django.core.management.base import CommandError
 from runtime import checks, metrics
 from runtime.crash import check_environment
 from runtime.management.base import RuntimeCommand
-from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker
+from runtime.worker import DEFAULT_MAX_INFLIGHT, Worker, leave_now
 
 
 class Command(RuntimeCommand):
@@ -65,7 +64,7 @@ class Command(RuntimeCommand):
 
         def on_signal(signum, frame):
             if worker.stopping.is_set():  # a second signal: leave now
-                os._exit(128 + signum)
+                leave_now(signum)
             self.stderr.write(f"worker {worker.worker_id}: stopping after this boundary")
             worker.stop()
 

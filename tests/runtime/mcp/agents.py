@@ -3,7 +3,8 @@
 The effects file comes from ``MCP_EFFECTS_DB`` (set by the test for itself and its worker
 subprocesses). ``mcp_stdio`` starts the server over stdio; ``mcp_gated`` too, keeping the
 approvals its annotations ask for; ``mcp_http`` reaches it at ``MCP_EFFECTS_URL`` with a header
-read from ``MCP_EFFECTS_TOKEN``.
+read from ``MCP_EFFECTS_TOKEN``. ``MCP_EFFECTS_CALL_TIMEOUT`` (seconds) replaces the servers'
+``call_timeout``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def stdio_server() -> StdioServer:
         env={k: v for k, v in os.environ.items() if k.startswith("MCP_EFFECTS_")},
         tools=OVERRIDES,
         connect_timeout=30,
+        call_timeout=float(os.environ.get("MCP_EFFECTS_CALL_TIMEOUT", 300)),
     )
 
 
@@ -68,7 +70,7 @@ def mcp_http() -> Agent:
                 headers_env={"X-Effects-Token": "MCP_EFFECTS_TOKEN"},
                 tools=OVERRIDES,
                 connect_timeout=90,  # a restarted server may be slow on a loaded machine
-                call_timeout=60,
+                call_timeout=float(os.environ.get("MCP_EFFECTS_CALL_TIMEOUT", 60)),
             ),
         ),
     )

@@ -11,7 +11,9 @@ hang after its effect is recorded, so that a test can kill the server mid-call;
 ``MCP_EFFECTS_CHANGED`` makes ``upsert`` say it is destructive; ``MCP_EFFECTS_LOOKUP_FAILS``
 makes ``find_effect`` unable to answer (``error``: an error result; ``exit``: the server dies
 in it); over HTTP, ``MCP_EFFECTS_TOKEN`` is the ``X-Effects-Token`` header every request must
-carry.
+carry. ``MCP_EFFECTS_EXIT`` (tool names) makes the server die in the first application of those
+tools, after its effect; ``MCP_EFFECTS_IGNORE_TERM`` makes it ignore SIGTERM;
+``MCP_EFFECTS_PIDS`` names a file the server appends its pid to when it starts.
 
 Run: ``python tests/runtime/mcp/effects_server.py [stdio | http PORT]``.
 """
@@ -19,6 +21,7 @@ Run: ``python tests/runtime/mcp/effects_server.py [stdio | http PORT]``.
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import sys
 import time
@@ -70,6 +73,8 @@ def _apply(ctx: Context, tool: str, key: str) -> dict[str, Any]:
         (applied,) = db.execute(
             "select applied from effects where operation_id = ?", (operation_id,)
         ).fetchone()
+    if tool in os.environ.get("MCP_EFFECTS_EXIT", "").split(",") and applied == 1:
+        os._exit(3)  # the server dies after the effect, without answering
     held = os.environ.get("MCP_EFFECTS_HOLD", "").split(",")
     if tool in held and applied == 1:
         while True:  # the test kills this server now
@@ -139,6 +144,11 @@ def mixed(key: str) -> list[TextContent | ImageContent]:
 
 
 if __name__ == "__main__":
+    if os.environ.get("MCP_EFFECTS_IGNORE_TERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if pids := os.environ.get("MCP_EFFECTS_PIDS"):
+        with open(pids, "a") as out:
+            out.write(f"{os.getpid()}\n")
     if len(sys.argv) > 2 and sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

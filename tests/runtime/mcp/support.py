@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -11,6 +12,24 @@ MCP_AGENTS = ",".join(
     ["runtime.demo.agent.demo"]
     + [f"tests.runtime.mcp.agents.{name}" for name in ("mcp_stdio", "mcp_gated", "mcp_http")]
 )
+
+
+TOKEN = "s3cret-token"  # the X-Effects-Token the HTTP effects server asks for
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def accepts(port: int) -> bool:
+    """Whether something listens on ``port`` of loopback."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+    except OSError:
+        return False
+    return True
 
 
 class Effects:

@@ -8,19 +8,14 @@ destructive one becomes Indeterminate, naming the server and the operation id.
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.models import Ticket
 from runtime.operations import resume
-from tests.runtime.mcp.agents import SERVER
+from tests.runtime.mcp.support import TOKEN, free_port
 from tests.runtime.support import (
     assert_log_sound,
     calls,
@@ -32,63 +27,16 @@ from tests.runtime.support import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-TOKEN = "s3cret-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-    except OSError:
-        return False
-    return True
-
-
-@pytest.fixture
-def http_server(effects, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
-    """Return ``start(port)``: the effects server over HTTP on loopback, listening when
-    returned. Every server still running at teardown is killed, by its own pid."""
-    started: list[subprocess.Popen] = []
-
-    def start(port: int) -> subprocess.Popen:
-        env = dict(
-            os.environ,
-            MCP_EFFECTS_DB=str(effects.path),
-            MCP_EFFECTS_HOLD="upsert,delete",
-            MCP_EFFECTS_TOKEN=TOKEN,
-        )
-        with (tmp_path / f"server-{len(started)}.log").open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, str(SERVER), "http", str(port)],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        started.append(process)
-        wait_for(
-            lambda: _accepts(port) or process.poll() is not None,
-            timeout=90,
-            what="the HTTP server",
-        )
-        assert process.poll() is None, "the MCP server did not start"
-        return process
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-
 
 def _kill_mid_call(server: subprocess.Popen, effects, run_id: str) -> None:
     """Wait until the server has applied the run's call (and hangs in it); kill it."""
-    wait_for(lambda: calls(run_id) and effects.applied(calls(run_id)[0].operation_id) == 1)
+    # The worker starts, claims and connects first: seconds on a loaded machine, up to the
+    # server's connect_timeout (agents.mcp_http).
+    wait_for(
+        lambda: calls(run_id) and effects.applied(calls(run_id)[0].operation_id) == 1,
+        timeout=120,
+        what="the server to apply the call",
+    )
     (call,) = calls(run_id)
     assert (call.phase, call.attempt) == ("executing", 1)
     server.kill()
@@ -98,7 +46,7 @@ def _kill_mid_call(server: subprocess.Popen, effects, run_id: str) -> None:
 def test_idempotent_call_is_replayed_after_the_server_dies(
     start, spawn_worker, effects, mcp_env, http_server
 ):
-    port = _free_port()
+    port = free_port()
     server = http_server(port)
     env = mcp_env(MCP_EFFECTS_URL=f"http://127.0.0.1:{port}/mcp", MCP_EFFECTS_TOKEN=TOKEN)
     run_id = start(tool_step(("effects__upsert", {"key": "k"})), text_step(), agent="mcp_http")
@@ -124,7 +72,7 @@ def test_idempotent_call_is_replayed_after_the_server_dies(
 def test_destructive_call_becomes_indeterminate_when_the_server_dies(
     start, spawn_worker, worker, effects, mcp_env, http_server
 ):
-    port = _free_port()
+    port = free_port()
     server = http_server(port)
     env = mcp_env(MCP_EFFECTS_URL=f"http://127.0.0.1:{port}/mcp", MCP_EFFECTS_TOKEN=TOKEN)
     run_id = start(tool_step(("effects__delete", {"key": "k"})), text_step(), agent="mcp_http")
