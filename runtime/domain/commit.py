@@ -168,7 +168,10 @@ def _apply_event(run: RunView, event: Event) -> RunView:  # noqa: C901 - one bra
         case CallCompleted(call_id=call_id, result=result, is_error=is_error):
             call = _open_call(run, call_id)
             _check_in_order(run, call)
-            if call.phase is CallPhase.AWAITING and call.approved:
+            # An approval lets the call run, never stand in for its result; but the code that
+            # drives the run may no longer be able to run it (a deploy removed its tool or
+            # changed its schema, issue 34): then it completes as an error, not run.
+            if call.phase is CallPhase.AWAITING and call.approved and not is_error:
                 raise t._refuse(call, CallPhase.COMPLETED, "an approved call must execute first")
             return _replace_call(run, t.complete(call, result, is_error=is_error))
         case CallIndeterminate(call_id=call_id, reason=reason):

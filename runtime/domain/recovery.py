@@ -141,6 +141,7 @@ def executing_decision(
     looked_up: bool = False,
     lookup_failed: str | None = None,
     raised: str | None = None,
+    cannot_run: str | None = None,
 ) -> RecoveryDecision:
     """Apply the pinned policy to a call whose attempt may have started and has no result.
 
@@ -156,11 +157,20 @@ def executing_decision(
     A tool that raised and declared no effect or an idempotent one (``Effects``) gets Fail
     instead of Seal (issue 31, item 7): its bug is the model's error result, not a person's
     Reconcile work. Only a ``once`` effect that may have started goes to Reconcile.
+
+    ``cannot_run`` says why the code that drives the run now cannot run the call again: a
+    deploy removed or renamed its tool, or the tool's current schema refuses its arguments
+    (issue 34). There is no Retry then: the call is sealed when its ``once`` effect may have
+    started, else it fails with that reason, and the run goes on either way.
     """
     decision = _policy_decision(call, looked_up=looked_up, lookup_failed=lookup_failed)
+    tries = f"{call.attempt} attempt{'' if call.attempt == 1 else 's'}"
+    if cannot_run is not None and isinstance(decision, Retry | Lookup):
+        if call.effects is Effects.ONCE:
+            return Seal(f"{cannot_run}; the effect of its last attempt may have started")
+        return Fail(f"{cannot_run}; not run again after {tries}")
     if isinstance(decision, Seal) and raised is not None and call.effects is not Effects.ONCE:
-        tries = "attempt" if call.attempt == 1 else "attempts"
-        return Fail(f"the tool raised {raised} ({call.attempt} {tries})")
+        return Fail(f"the tool raised {raised} ({tries})")
     return decision
 
 

@@ -21,7 +21,7 @@ from runtime.domain.model import Disposition, RecoveryPolicy, TicketKind, ToolCa
 from runtime.errors import LeaseLost
 from runtime.hooks import call_hooks
 from runtime.loop.boundary import Abandon, Boundary, first
-from runtime.tools import Fenced, Tool, ToolContext, ToolError, WaitRequested
+from runtime.tools import Fenced, Tool, ToolArgumentsError, ToolContext, ToolError, WaitRequested
 
 log = logging.getLogger("runtime.loop")
 
@@ -58,11 +58,18 @@ async def execute(
     tool: Tool | None = None,
     arguments: dict[str, Any] | None = None,
 ) -> None:
-    """Commit Executing{attempt}, run the tool, stage its terminal result."""
-    tool = tool or agent.tool_for(call)
-    assert tool is not None  # a call without a tool never leaves Requested but by a block
-    if arguments is None:
-        arguments = tool.parse(call.arguments_text)
+    """Commit Executing{attempt}, run the tool, stage its terminal result.
+
+    ``tool`` and ``arguments`` are the gates' (a Requested call); without them (an approved
+    or woken call, a retry) they are resolved under the code that drives the run now, and a
+    call that code cannot run is completed with the reason, before any effect (issue 34).
+    """
+    if tool is None or arguments is None:
+        ready = runnable(agent, call)
+        if isinstance(ready, str):
+            await d.block(call, f"Not run: {ready}.")
+            return
+        tool, arguments = ready
     await d.commit(
         Disposition.running(),
         (CallExecuting(call_id=call.call_id, attempt=attempt, worker=d.worker_id),),
@@ -83,6 +90,19 @@ async def execute(
         finish(d, agent, current, outcome.result, outcome.is_error)
     else:  # unclassified: the pinned policy and the declared effects decide, as in recovery
         await recover(d, agent, current, raised=outcome.failure)
+
+
+def runnable(agent: Agent, call: ToolCall) -> tuple[Tool, dict[str, Any]] | str:
+    """The tool that runs ``call`` under the agent's code now, with the call's arguments as
+    its current schema validates them; or why there is none: a deploy removed or renamed
+    the tool, or changed its arguments, since the model requested the call (issue 34)."""
+    tool = agent.tool_for(call)
+    if tool is None:
+        return f"the tool {call.name!r} is not in agent {agent.name!r} as deployed now"
+    try:
+        return tool, tool.parse(call.arguments_text)
+    except ToolArgumentsError as exc:
+        return f"the tool's current schema refuses the call's arguments ({exc})"
 
 
 async def delegate(d: Boundary, call: ToolCall, tool: Tool, arguments: dict[str, Any]) -> None:
@@ -199,11 +219,17 @@ async def recover(d: Boundary, agent: Agent, call: ToolCall, raised: str | None 
     """An Executing call without a result (found on a claim, or its attempt raised ``raised``,
     "Type: message"): the call's pinned ToolRecoveryPolicy and declared Effects decide
     (``domain.recovery.executing_decision``)."""
-    decision = rec.executing_decision(call, raised=raised)
-    tool = agent.tool_for(call)
-    if tool is not None and tool.delegate is not None:  # idempotent by operation id
-        await delegate(d, call, tool, tool.parse(call.arguments_text))
-        return
+    ready = runnable(agent, call)
+    tool: Tool | None
+    cannot_run: str | None
+    if isinstance(ready, str):  # no Retry, no Lookup: the decision seals or fails it
+        tool, cannot_run = None, ready
+    else:
+        tool, cannot_run = ready[0], None
+        if tool.delegate is not None:  # idempotent by operation id
+            await delegate(d, call, *ready)
+            return
+    decision = rec.executing_decision(call, raised=raised, cannot_run=cannot_run)
     if isinstance(decision, rec.Lookup):
         try:
             found = (

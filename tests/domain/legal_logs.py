@@ -123,7 +123,7 @@ def _options(runs: dict[str, ShadowRun], active: str | None) -> list[str]:
         return [*moves, "end"]
     assert call.phase is CallPhase.AWAITING and call.approved
     moves = ["execute"] if call.attempt < call.max_attempts else []
-    return [*moves, "seal", "end"]
+    return [*moves, "block", "seal", "end"]  # block: the code now cannot run it (issue 34)
 
 
 # Moves that end or restart a run are listed once, moves deeper into a batch several times, so
@@ -221,7 +221,7 @@ def legal_logs(draw, *, prefix: str = "h", max_moves: int = 30) -> Scenario:  # 
             assert call is not None
             is_error = move in ("fail", "block")
             log.apply(drafts.complete(head, view, call.call_id, result=move, is_error=is_error))
-            call.phase, call.is_error = CallPhase.COMPLETED, is_error
+            call.phase, call.is_error, call.approved = CallPhase.COMPLETED, is_error, False
         elif move == "seal":
             assert call is not None
             log.apply(drafts.seal(head, view, call.call_id, reason="cannot classify"))

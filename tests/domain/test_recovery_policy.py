@@ -82,3 +82,30 @@ def test_a_tool_that_raised_fails_its_call_unless_a_once_effect_may_have_started
     if isinstance(decision, rec.Fail):
         tries = "1 attempt" if attempt == 1 else f"{attempt} attempts"
         assert decision.reason == f"the tool raised KeyError: 'x' ({tries})"
+
+
+GONE = "the tool 'x' is not in agent 'a' as deployed now"
+
+
+@pytest.mark.parametrize(
+    ("policy", "effects", "attempt", "expected"),
+    [
+        (REPLAY, IDEMPOTENT, 1, rec.Fail),  # a Retry, but no code to retry with
+        (REPLAY, NONE, 1, rec.Fail),
+        (REPLAY, ONCE, 1, rec.Seal),  # its effect may have started: Reconcile
+        (RECONNECT, IDEMPOTENT, 1, rec.Fail),  # a Lookup, but no code to ask with
+        (RECONNECT, ONCE, 1, rec.Seal),
+        (INDETERMINATE, NONE, 1, rec.Seal),  # the pinned policy never retried: as it was
+        (INDETERMINATE, ONCE, 1, rec.Seal),
+    ],
+)
+def test_a_call_the_code_now_cannot_run_is_never_retried(policy, effects, attempt, expected):
+    """Issue 34: a deploy removed the tool of a call found Executing (or changed its schema).
+    No Retry or Lookup; a once effect keeps Reconcile, anything else is the model's error."""
+    call = replace(executing(policy, attempt, max_attempts=3), effects=effects)
+    decision = rec.executing_decision(call, cannot_run=GONE)
+    assert isinstance(decision, expected)
+    if isinstance(decision, rec.Fail):
+        assert decision.reason == f"{GONE}; not run again after 1 attempt"
+    elif policy is not INDETERMINATE:
+        assert decision.reason == f"{GONE}; the effect of its last attempt may have started"

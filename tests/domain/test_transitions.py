@@ -404,3 +404,18 @@ def test_thread_head_is_unchanged_by_a_refusal():
     with pytest.raises(RunEnded):
         apply_commit(head, log.run(run_id), drafts.infer_text(head, log.run(run_id)))
     assert head == ThreadHead(thread_id="th1", version=3, active_run_id=None)
+
+
+def test_an_approved_call_completes_without_running_only_as_an_error():
+    """An approval lets a call run and never stands in for its result; the worker may still
+    complete it as an error, not run, when the code driving the run cannot run it (its tool
+    removed by a deploy, issue 34)."""
+    log, run_id = run_in(RunState.AWAITING)
+    log.apply(drafts.resume(log.head, log.run(run_id), Decision.APPROVE))
+    run = log.run(run_id)
+    call_id = run.batches[-1].calls[0].call_id
+    with pytest.raises(IllegalTransition) as excinfo:
+        apply_commit(log.head, run, drafts.complete(log.head, run, call_id, result="made up"))
+    assert excinfo.value.detail["why"] == "an approved call must execute first"
+    log.apply(drafts.complete(log.head, run, call_id, result="Not run: gone", is_error=True))
+    assert log.run(run_id).batches[-1].calls[0].phase is CallPhase.COMPLETED
