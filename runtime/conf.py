@@ -60,6 +60,13 @@ NUMBERS = {
         Number("RUNTIME_POISON_DEATHS", 20, 1, 1000, integer=True),
         Number("RUNTIME_MODEL_RETRIES", 4, 0, 100, integer=True),
         Number("RUNTIME_MODEL_BACKOFF_SECONDS", 0.5, 0, 3600),
+        Number(
+            "RUNTIME_MODEL_OUTAGE_SECONDS",
+            900,
+            0,
+            30 * DAY,
+            doc="how long a run waits for a model that keeps failing retryably before it fails",
+        ),
         Number("RUNTIME_IDLE_POLL_SECONDS", 0.5, 0.01, 60),
         Number("RUNTIME_WORKER_DB_CONNECTIONS", 4, 1, 100, integer=True),
         Number("RUNTIME_WORKER_TOOL_THREADS", 4, 1, 1000, integer=True),
@@ -258,13 +265,21 @@ def mcp_servers() -> list:
 
 
 def model_retries() -> int:
-    """Retryable inference failures tolerated per step before the run fails (default 4)."""
+    """Quick retries of a retryable inference failure, by the worker that holds the run,
+    before it lets the run go to wait for the model (``model_outage``; default 4)."""
     return int(number("RUNTIME_MODEL_RETRIES"))
 
 
 def model_backoff_seconds() -> float:
     """The first backoff between inference retries, doubled each time (default 0.5 s)."""
     return number("RUNTIME_MODEL_BACKOFF_SECONDS")
+
+
+def model_outage() -> timedelta:
+    """How long a step's model may keep failing retryably, counted from its first failure,
+    before the run fails (default 15 minutes; issue 31, item 6). Past the quick retries
+    (``model_retries``) the worker releases the run to wait, and tries again later."""
+    return timedelta(seconds=number("RUNTIME_MODEL_OUTAGE_SECONDS"))
 
 
 def delegation_max_depth() -> int:

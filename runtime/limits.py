@@ -223,6 +223,29 @@ def why_waiting(run: Run) -> str:
 # -- models -----------------------------------------------------------------------------------
 
 
+def model_unavailable_since(run_id: str) -> datetime | None:
+    """When the model of the step ``run_id`` is on began to fail retryably, as recorded when
+    a worker released the run to wait for it; None when it has not failed in this step (a
+    time before the run's last commit belongs to an earlier step)."""
+    since, committed = (
+        Run.objects.filter(id=run_id).values_list("model_unavailable_since", "committed_at").get()
+    )
+    if since is None or (committed is not None and since < committed):
+        return None
+    return since
+
+
+def waiting_for_model() -> int:
+    """How many runs are released to wait for a model that keeps failing (a metric): Running,
+    not before their next try, and failing in the step they are on. Reads the Running runs
+    alone (index run_state_recent), never the ended history."""
+    return Run.objects.filter(
+        state="running",
+        wait_until__gt=timezone.now(),
+        model_unavailable_since__gte=Coalesce(F("committed_at"), F("created_at")),
+    ).count()
+
+
 def _live_slot() -> Q:
     """A ModelSlot whose claim still holds a live lease."""
     live = Run.objects.filter(

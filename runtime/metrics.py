@@ -223,7 +223,7 @@ class LogCollector(Collector):
     """
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from runtime import inventory
+        from runtime import inventory, limits
 
         runs = GaugeMetricFamily(
             "runtime_runs", "Runs by state and end cause.", labels=["state", "end_cause"]
@@ -254,6 +254,12 @@ class LogCollector(Collector):
             "runtime_paused_runs",
             "Runs an operator paused that have not been resumed or ended.",
             value=inventory.paused_runs(),
+        )
+        yield GaugeMetricFamily(
+            "runtime_runs_waiting_for_model",
+            "Running runs released to wait for a model that keeps failing retryably (an "
+            "outage), until their next try or RUNTIME_MODEL_OUTAGE_SECONDS.",
+            value=limits.waiting_for_model(),
         )
         yield GaugeMetricFamily(
             "runtime_timers_due",

@@ -79,6 +79,9 @@ class Run(models.Model):
     # ``wait_until``; ``waiting`` says why (runtime.limits).
     wait_until = models.DateTimeField(null=True, blank=True)
     waiting = models.CharField(max_length=300, blank=True, default="")
+    # Operational: when its model began to fail retryably in the step it is on (a model
+    # outage, issue 31 item 6); a time before ``committed_at`` belongs to an earlier step.
+    model_unavailable_since = models.DateTimeField(null=True, blank=True)
     # Operational: the OpenTelemetry trace id, once a traced worker drove it (runtime.tracing).
     trace_id = models.CharField(max_length=32, blank=True, default="")
     # A child Run (delegation): its parent run and the delegate call it answers.

@@ -55,7 +55,7 @@ from runtime.db import (
 )
 from runtime.domain.model import EndCause, RunState
 from runtime.errors import LeaseLost
-from runtime.loop import Frontier, Services, ThreadPool, WaitForLimit, drive
+from runtime.loop import Frontier, ModelUnavailable, Services, ThreadPool, WaitForLimit, drive
 from runtime.loop.driver import MESSAGE_COLUMNS, committed_message
 from runtime.mcp.processes import kill_servers
 from runtime.models import MessageRecord, Run, Thread
@@ -214,7 +214,8 @@ def release(
     lease: Lease, run_id: str, *, failed: bool = False, wait: WaitForLimit | None = None
 ) -> None:
     """Give a still-Running run back (the worker stops, its driving failed, or it waits for
-    a model's budget: ``wait``, not claimed again before then).
+    a model's budget or for a model that keeps failing: ``wait``, not claimed again before
+    then).
 
     A graceful stop or a wait takes its claim back from the poison budget (rolling restarts
     never end a healthy run as poison); a failure is counted as one that points at the run.
@@ -222,6 +223,8 @@ def release(
     fields: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
     if wait is not None:
         fields.update(wait_until=db_later(wait.delay), waiting=wait.reason[:300])
+    if isinstance(wait, ModelUnavailable):
+        fields["model_unavailable_since"] = wait.since
     if failed:
         fields["failures"] = F("failures") + 1
     else:
@@ -718,17 +721,21 @@ class Worker:
         keep_usable()
         taken = claim(self.worker_id)
         pool = tools or ThreadPool(1, "tools")
-        services = Services.inline(pool)
         try:
-            fired = async_to_sync(self._fire_timers)(
-                services, now=taken is None and self.until_idle
-            )
+            return async_to_sync(self._step)(taken, Services.inline(pool))
+        finally:
+            if tools is None:
+                pool.close()
+
+    async def _step(self, taken: Claim | None, services: Services) -> bool:
+        """``step`` on one event loop: the model clients it opens are bound to that loop, so
+        they are closed on it too."""
+        try:
+            fired = await self._fire_timers(services, now=taken is None and self.until_idle)
             if taken is None:
                 return fired > 0
             log.info("run %s: claimed (epoch %s)", taken.run_id, taken.lease.epoch)
-            async_to_sync(self._drive)(taken, services)
+            await self._drive(taken, services)
             return True
         finally:
-            async_to_sync(services.providers.close)()
-            if tools is None:
-                pool.close()
+            await services.providers.close()

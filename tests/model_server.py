@@ -10,7 +10,8 @@ server then knows, without any timing, that ``n`` runs were waiting on their mod
 
 For the limits tests (issue 23) it can also answer after a ``latency``, answer the next
 requests ``429 Too Many Requests`` with a ``Retry-After`` (``throttle``), and keeps when
-every request arrived and how it was answered (``arrivals``).
+every request arrived and how it was answered (``arrivals``). For a model outage (issue 31,
+item 6) it answers every request ``503`` until the outage is over (``outage``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ModelServer(ThreadingHTTPServer):
         self.latency = 0.0  # seconds each answer waits before it is sent
         self.throttled = 0  # the next requests answered 429
         self.retry_after = 0.0  # ... with this Retry-After (seconds)
+        self.down = False  # an outage: every request answered 503, until it is over
         # (time.monotonic(), status, "user" or "tool": a run's first question or a next one)
         self.arrivals: list[tuple[float, int, str]] = []
 
@@ -59,13 +61,19 @@ class ModelServer(ThreadingHTTPServer):
         with self.lock:
             self.throttled, self.retry_after = count, retry_after
 
-    def _throttle_now(self, kind: str) -> bool:
-        """Whether this request (of ``kind``) is answered 429 (and note its arrival)."""
+    def outage(self, down: bool) -> None:
+        """Answer every request 503 Service Unavailable from now on (True), or no longer."""
         with self.lock:
-            refuse = self.throttled > 0
-            self.throttled -= refuse
-            self.arrivals.append((time.monotonic(), 429 if refuse else 200, kind))
-            return refuse
+            self.down = down
+
+    def _refusal_now(self, kind: str) -> int | None:
+        """The status this request (of ``kind``) is refused with, 503 in an outage or 429
+        when throttled, or None (and note its arrival)."""
+        with self.lock:
+            status = 503 if self.down else 429 if self.throttled > 0 else None
+            self.throttled -= status == 429
+            self.arrivals.append((time.monotonic(), status or 200, kind))
+            return status
 
     def release(self) -> None:
         """Answer every held request now, and later ones at once."""
@@ -132,10 +140,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         kind = "user" if body["messages"][-1]["role"] == "user" else "tool"
-        if self.server._throttle_now(kind):
-            refusal = json.dumps({"error": {"message": "slow down", "type": "rate_limit"}})
-            self.send_response(429)
-            self.send_header("Retry-After", f"{self.server.retry_after:g}")
+        status = self.server._refusal_now(kind)
+        if status is not None:
+            message, type_ = ("slow down", "rate_limit") if status == 429 else ("down", "outage")
+            refusal = json.dumps({"error": {"message": message, "type": type_}})
+            self.send_response(status)
+            if status == 429:
+                self.send_header("Retry-After", f"{self.server.retry_after:g}")
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(refusal)))
             self.end_headers()

@@ -190,3 +190,26 @@ def slowed(not_before: datetime | None, now: datetime, retry_after: float) -> da
     seconds: never earlier than it was."""
     pushed = now + timedelta(seconds=max(retry_after, 0.0))
     return pushed if not_before is None or pushed > not_before else not_before
+
+
+# Between two tries of a model that keeps failing: at least a second, at most a minute.
+OUTAGE_RETRY_BOUNDS = (timedelta(seconds=1), timedelta(minutes=1))
+
+
+def outage_retry(
+    since: datetime, now: datetime, horizon: timedelta, retry_after: float | None
+) -> timedelta | None:
+    """How long a run whose model has failed retryably since ``since`` waits, released,
+    before its worker asks again (issue 31, item 6); None once ``horizon`` has passed since
+    ``since``: the run fails.
+
+    The wait is as long as the model has failed so far, so the tries double their spacing,
+    within OUTAGE_RETRY_BOUNDS; a ``Retry-After`` (seconds) the model answered wins. The
+    last wait ends at the horizon, for one last try there.
+    """
+    left = since + horizon - now
+    if left <= timedelta(0):
+        return None
+    low, high = OUTAGE_RETRY_BOUNDS
+    wait = timedelta(seconds=retry_after) if retry_after is not None else now - since
+    return min(max(wait, low), high, left)

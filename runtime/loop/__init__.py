@@ -22,7 +22,7 @@ from asgiref.sync import async_to_sync
 from runtime import logs, tracing
 from runtime.coordinator import Lease
 from runtime.domain.model import RunView
-from runtime.loop.boundary import Abandon, Boundary, Services, WaitForLimit
+from runtime.loop.boundary import Abandon, Boundary, ModelUnavailable, Services, WaitForLimit
 from runtime.loop.driver import Frontier, RunDriver
 from runtime.loop.threads import ThreadPool
 
@@ -33,6 +33,7 @@ __all__ = [
     "RunDriver",
     "Services",
     "ThreadPool",
+    "ModelUnavailable",
     "WaitForLimit",
     "drive",
     "drive_inline",

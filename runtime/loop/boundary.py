@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asgiref.sync import sync_to_async
@@ -88,6 +88,16 @@ class WaitForLimit(Exception):  # noqa: N818 (a decision, like Abandon)
         super().__init__(reason)
         self.delay = delay
         self.reason = reason
+
+
+class ModelUnavailable(WaitForLimit):
+    """The run's model kept failing retryably through the quick retries, within the outage
+    horizon (RUNTIME_MODEL_OUTAGE_SECONDS): the worker releases the run to wait ``delay``,
+    with ``reason`` shown, and records ``since``, when the step's model began to fail."""
+
+    def __init__(self, delay: timedelta, reason: str, since: datetime) -> None:
+        super().__init__(delay, reason)
+        self.since = since
 
 
 class Boundary(Protocol):

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -21,7 +22,7 @@ from runtime import conf, limits, live, metrics
 from runtime.agents import Agent
 from runtime.crash import crash_point
 from runtime.domain.events import BatchOpened, StepCommitted
-from runtime.domain.limits import ModelLimit, Wait
+from runtime.domain.limits import ModelLimit, Wait, outage_retry
 from runtime.domain.model import (
     Disposition,
     Effects,
@@ -34,7 +35,7 @@ from runtime.domain.model import (
 )
 from runtime.errors import ScriptRefused
 from runtime.hooks import call_hooks
-from runtime.loop.boundary import Abandon, Boundary, WaitForLimit, first
+from runtime.loop.boundary import Abandon, Boundary, ModelUnavailable, WaitForLimit, first
 from runtime.models import StreamCheckpoint
 from runtime.providers.base import (
     Delta,
@@ -128,8 +129,10 @@ async def _with_retries(
             return await _limited_answer(d, model, limit, provider, req, step, attempt)
         except ModelError as exc:
             # A limited model's Retry-After was recorded as the slot was given back.
-            if not exc.retryable or attempt > conf.model_retries():
+            if not exc.retryable:
                 raise
+            if attempt > conf.model_retries():
+                raise await _outage(d, exc) from exc
             if limit is not None and exc.retry_after is not None:
                 continue  # the next attempt waits, released, until the budget's pause ends
             pause = exc.retry_after if exc.retry_after is not None else backoff
@@ -138,6 +141,40 @@ async def _with_retries(
                 "run %s: retryable model error (%s); retry in %.2fs", d.run_id, exc.message, pause
             )
             await _pause(d, pause)
+
+
+async def _outage(d: Boundary, exc: ModelError) -> ModelUnavailable | ModelError:
+    """The model still fails retryably after the quick retries: an outage. Return the
+    decision to release the run and wait (ModelUnavailable), or, once the model has failed
+    for RUNTIME_MODEL_OUTAGE_SECONDS since it began to in this step, the error that fails
+    the run, saying so (issue 31, item 6)."""
+    now = timezone.now()
+    since = await d.services.db(limits.model_unavailable_since, d.run_id) or now
+    horizon = conf.model_outage()
+    wait = outage_retry(since, now, horizon, exc.retry_after)
+    if wait is None:
+        return ModelError(
+            f"{exc.message} (the model failed for {_duration(now - since)}; the run waits up"
+            f" to {_duration(horizon)}, RUNTIME_MODEL_OUTAGE_SECONDS)",
+            provider=exc.provider,
+            retryable=exc.retryable,
+            status=exc.status,
+        )
+    reason = (
+        f"waiting for the model: failing since {since:%Y-%m-%d %H:%M:%S} UTC,"
+        f" next try in {_duration(wait)}, the run fails after {_duration(horizon)}"
+        f" ({exc.message[:150]})"
+    )
+    return ModelUnavailable(wait, reason, since)
+
+
+def _duration(span: timedelta) -> str:
+    """``span`` as people read it: "45 s", "12 min", "2 h 5 min"."""
+    seconds = round(span.total_seconds())
+    if seconds < 120:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h {minutes % 60} min"
 
 
 async def _limited_answer(

@@ -17,6 +17,7 @@ from runtime.domain.limits import (
     RunLimit,
     Wait,
     admit,
+    outage_retry,
     slowed,
     take_inference,
 )
@@ -84,3 +85,19 @@ def test_a_pause_never_moves_back():
 def test_a_malformed_run_limit_is_refused(kwargs):
     with pytest.raises(InvalidLimit):
         RunLimit(**kwargs)
+
+
+def test_a_model_outage_is_tried_with_doubling_waits_until_its_horizon():
+    """Issue 31, item 6: each wait is as long as the outage so far (1 s to 1 min), a
+    Retry-After wins, the last wait ends at the horizon, and past it the run fails."""
+    since = datetime(2026, 1, 1, tzinfo=UTC)
+    horizon = timedelta(minutes=15)
+
+    def wait(after: float, retry_after: float | None = None) -> float | None:
+        got = outage_retry(since, since + timedelta(seconds=after), horizon, retry_after)
+        return None if got is None else got.total_seconds()
+
+    assert [wait(t) for t in (0, 0.5, 8, 30, 300)] == [1, 1, 8, 30, 60]
+    assert wait(8, retry_after=20) == 20
+    assert wait(895) == 5  # one last try at the horizon
+    assert wait(900) is None and wait(3600) is None

@@ -50,8 +50,11 @@ def test_retryable_model_errors_are_retried(start, work_inline, steps):
     assert_log_sound(run_id)
 
 
-def test_retryable_errors_beyond_the_budget_fail_the_run(start, work_inline, settings):
+def test_retryable_errors_beyond_the_budget_fail_the_run_that_waits_for_no_outage(
+    start, work_inline, settings
+):
     settings.RUNTIME_MODEL_RETRIES = 1
+    settings.RUNTIME_MODEL_OUTAGE_SECONDS = 0  # otherwise it waits (test_model_outage.py)
     run_id = start(_retryable(2), text_step("never"))
     work_inline()
     run = run_row(run_id)
