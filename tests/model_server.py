@@ -41,7 +41,7 @@ class ModelServer(ThreadingHTTPServer):
         self.latency = 0.0  # seconds each answer waits before it is sent
         self.throttled = 0  # the next requests answered 429
         self.retry_after = 0.0  # ... with this Retry-After (seconds)
-        self.down = False  # an outage: every request answered 503, until it is over
+        self.down: set[str] = set()  # an outage: requests of these kinds answered 503
         # (time.monotonic(), status, "user" or "tool": a run's first question or a next one)
         self.arrivals: list[tuple[float, int, str]] = []
 
@@ -61,16 +61,17 @@ class ModelServer(ThreadingHTTPServer):
         with self.lock:
             self.throttled, self.retry_after = count, retry_after
 
-    def outage(self, down: bool) -> None:
-        """Answer every request 503 Service Unavailable from now on (True), or no longer."""
+    def outage(self, down: bool, kinds: tuple[str, ...] = ("user", "tool")) -> None:
+        """Answer requests of ``kinds`` 503 Service Unavailable from now on (True), or no
+        longer (False). ``("tool",)``: a run's first question is answered, its next fail."""
         with self.lock:
-            self.down = down
+            self.down = set(kinds) if down else set()
 
     def _refusal_now(self, kind: str) -> int | None:
         """The status this request (of ``kind``) is refused with, 503 in an outage or 429
         when throttled, or None (and note its arrival)."""
         with self.lock:
-            status = 503 if self.down else 429 if self.throttled > 0 else None
+            status = 503 if kind in self.down else 429 if self.throttled > 0 else None
             self.throttled -= status == 429
             self.arrivals.append((time.monotonic(), status or 200, kind))
             return status

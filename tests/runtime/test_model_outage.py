@@ -19,7 +19,7 @@ from runtime import limits
 from runtime.agents import _registry
 from runtime.documents import run_document
 from runtime.models import Run
-from runtime.operations import start_run
+from runtime.operations import fork_run, start_run
 from tests.model_server import model_server
 from tests.runtime.limited_agent import AGENTS
 
@@ -81,9 +81,11 @@ def test_a_run_waits_through_an_outage_says_so_and_goes_on(server, work_inline, 
 def test_a_model_down_past_the_horizon_fails_the_run_saying_so(server, work_inline, settings):
     settings.RUNTIME_MODEL_RETRIES = 0
     settings.RUNTIME_MODEL_OUTAGE_SECONDS = 600
+    server.outage(True, kinds=("tool",))  # step 1 is answered (a tool call), step 2 is not
     run_id = start_run(agent="modeled", input="task")
     work_inline()
     assert Run.objects.get(id=run_id).state == "running"
+    assert _statuses(server) == [200, 503]
 
     now = timezone.now()  # as if the step began 12 minutes ago, and its model failed since
     _due(
@@ -97,6 +99,14 @@ def test_a_model_down_past_the_horizon_fails_the_run_saying_so(server, work_inli
     assert run.error["type"] == "model_error" and run.error["status"] == 503
     assert "(the model failed for 11 min; the run waits up to 10 min" in run.error["message"]
     assert "RUNTIME_MODEL_OUTAGE_SECONDS" in run.error["message"]
+
+    # An operator tries step 2 again once the model is back: a fork after step 1 (API POST
+    # /runs/{id}/fork, the console's Fork), whose tool call is copied, never run again.
+    server.outage(False)
+    retry = fork_run(run_id, at_step=run.step, actor="op")
+    work_inline()
+    assert Run.objects.get(id=retry).end_cause == "natural"
+    assert _statuses(server)[-1] == 200 and _statuses(server).count(200) == 2
 
 
 def test_a_failure_recorded_in_an_earlier_step_starts_no_horizon(server, work_inline, settings):
