@@ -26,15 +26,17 @@ class CommittedUnread(Exception):
     """The command was committed, but the run could not be read after it: read the run, or
     send the same command again for its answer (nothing is written twice).
 
-    Not a RuntimeFault: nothing was refused. ``run_id`` and ``seq`` (the commit) say what
-    took effect; ``__cause__`` is what failed after it.
+    Not a RuntimeFault: nothing was refused. ``run_id`` and ``seq`` (the commit; None for a
+    start or a fork, whose run is what took effect) say what took effect; ``__cause__`` is
+    what failed after it.
     """
 
-    def __init__(self, *, run_id: str, seq: int) -> None:
+    def __init__(self, *, run_id: str, seq: int | None) -> None:
         self.run_id, self.seq = run_id, seq
+        what = f"commit #{seq} of run {run_id}" if seq is not None else f"run {run_id}"
         self.message = (
-            f"The command was committed (commit #{seq} of run {run_id}), but the run could not "
-            "be read after it. Read the run, or send the same command again for its answer."
+            f"The command was committed ({what}), but the run could not be read after it. "
+            "Read the run, or send the same command again for its answer."
         )
         super().__init__(self.message)
 

@@ -260,6 +260,29 @@ def _started_once(actor: str, key: str, request: dict[str, Any], create: Callabl
         if run_id is None:
             raise
         return run_id
+    except Exception as exc:
+        run_id = _read_after_a_lost_connection(first_run, exc)
+        if run_id is None:
+            raise
+        return run_id
+
+
+def _read_after_a_lost_connection[T](read: Callable[[], T], lost: Exception) -> T:
+    """``read`` the idempotency record again on a new connection, after the database's fault
+    ``lost`` broke the write that commits it, perhaps in its COMMIT: whether it committed is
+    the log's to say, and a command that committed is never answered as failed (issue 31,
+    item 1). Re-raises ``lost`` when it is not the database's fault or the database still
+    cannot answer.
+    """
+    if not db.unavailable(lost):
+        raise lost
+    db.connection.close()  # broken: the next statement opens another one
+    try:
+        return read()
+    except Exception as again:
+        if db.unavailable(again):
+            raise lost from again
+        raise
 
 
 def _answered(
@@ -286,22 +309,31 @@ def _answered(
             raise IdempotencyKeyReused(key=key)
         return record.response if record is not None else None
 
-    with db.atomic():
-        answer = first_answer()
-        if answer is not None:
-            return answer
-        try:
-            response = act()
-            with db.atomic():  # a savepoint: the twin may hold the key by now
-                CommandRecord.objects.create(
-                    run_id=run_id, key=key, request_hash=digest, response=response
-                )
-        except (RuntimeFault, IntegrityError):
-            answer = first_answer()  # read committed: sees the twin's record once it commits
-            if answer is None:
-                raise
-            return answer
-        return response
+    def once() -> dict[str, Any]:
+        with db.atomic():
+            answer = first_answer()
+            if answer is not None:
+                return answer
+            try:
+                response = act()
+                with db.atomic():  # a savepoint: the twin may hold the key by now
+                    CommandRecord.objects.create(
+                        run_id=run_id, key=key, request_hash=digest, response=response
+                    )
+            except (RuntimeFault, IntegrityError):
+                answer = first_answer()  # read committed: the twin's record once it commits
+                if answer is None:
+                    raise
+                return answer
+            return response
+
+    try:
+        return once()
+    except Exception as exc:
+        answer = _read_after_a_lost_connection(first_answer, exc)
+        if answer is None:
+            raise
+        return answer
 
 
 def _commit_retrying(

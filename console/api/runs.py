@@ -37,10 +37,10 @@ from console.api.schemas import (
     RunStateName,
 )
 from console.models import OPERATE
-from runtime import operations
+from runtime import db, operations
 from runtime.documents import snapshot
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
-from runtime.errors import InvalidCommit, NotFound, RuntimeFault
+from runtime.errors import CommittedUnread, InvalidCommit, NotFound, RuntimeFault
 from runtime.models import Run, ThreadCommit
 from runtime.search import RunSearch, narrow
 
@@ -123,12 +123,24 @@ def start(
         actor=actor(request),
         idempotency_key=idempotency_key,
     )
-    return Status(201, run_out(run_id))
+    return Status(201, made(run_id))
+
+
+def made(run_id: str) -> Any:
+    """The document of the run a start or a fork just committed; raises CommittedUnread
+    (202) when the database fails to read it: the command took effect, and is never
+    answered as failed (issue 31, item 1)."""
+    try:
+        return run_out(run_id)
+    except Exception as exc:
+        if not db.unavailable(exc):
+            raise
+        raise CommittedUnread(run_id=run_id, seq=None) from exc
 
 
 @router.post(
     "",
-    response={201: RunOut, **errors(400, 401, 403, 404, 422)},
+    response={201: RunOut, 202: CommittedOut, **errors(400, 401, 403, 404, 422)},
     auth=operate_auth,
     by_alias=True,
     summary="Start a run on a new thread",
@@ -142,8 +154,10 @@ def start_run(
     With an ``Idempotency-Key`` (scoped to the token's user, one scope for starts and forks)
     the run and its key are committed in one transaction: the same key with the same body
     gets 201 the run it started (as it is now) and starts nothing, also when the first
-    answer was lost after the commit (a 503: send it again with the key); the same key with
-    another body is 422 ``idempotency_key_reused``."""
+    answer was lost after the commit; the same key with another body is 422
+    ``idempotency_key_reused``. A start that committed is never 503: when the run cannot be
+    read after it, 202 ``{committed, run_id, seq: null, message}``; a 503 means it did not
+    commit (with a key, the server asks the log on a new connection when the write broke)."""
     return start(request, payload, idempotency_key=idempotency_key)
 
 
@@ -360,7 +374,7 @@ def pause_run(
 
 @router.post(
     "/{run_id}/fork",
-    response={201: RunOut, **errors(400, 401, 403, 404, 409, 422)},
+    response={201: RunOut, 202: CommittedOut, **errors(400, 401, 403, 404, 409, 422)},
     auth=operate_auth,
     by_alias=True,
     summary="Fork a run from a step onto a new thread",
@@ -386,4 +400,4 @@ def fork_run(
         actor=actor(request),
         idempotency_key=idempotency_key,
     )
-    return Status(201, run_out(fork))
+    return Status(201, made(fork))

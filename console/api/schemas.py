@@ -91,7 +91,10 @@ class CommittedOut(Schema):
 
     committed: Literal[True] = True
     run_id: str
-    seq: int = Field(description="the command's commit (its sequence in the thread's log)")
+    seq: int | None = Field(
+        description="the command's commit (its sequence in the thread's log); null for a start "
+        "or a fork: the run it made is what took effect"
+    )
     message: str
 
 

@@ -13,7 +13,7 @@ from console.api.auth import operate_auth, read_auth
 from console.api.documents import SUMMARY_FIELDS, run_summary
 from console.api.errors import errors
 from console.api.runs import IdempotencyKey
-from console.api.schemas import Id, RunIn, RunOut, ThreadIn, ThreadOut
+from console.api.schemas import CommittedOut, Id, RunIn, RunOut, ThreadIn, ThreadOut
 from runtime import operations
 from runtime.documents import snapshot
 from runtime.errors import NotFound
@@ -79,7 +79,7 @@ def get_thread(request: HttpRequest, thread_id: Id) -> dict[str, Any]:
 
 @router.post(
     "/{thread_id}/runs",
-    response={201: RunOut, **errors(400, 401, 403, 404, 409, 422)},
+    response={201: RunOut, 202: CommittedOut, **errors(400, 401, 403, 404, 409, 422)},
     auth=operate_auth,
     by_alias=True,
     summary="Start a run on a thread",

@@ -7,7 +7,10 @@ is written by a refused request, and the next request after the locks go is serv
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -28,6 +31,7 @@ from tests.servers import serving
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SLACK = 4  # seconds a loaded machine may add to a bound
+FAULTED = 120  # starts sent while sessions are ended
 OUTAGE_REQUESTS = 8  # each waits the pool's 1 s: the outage outlasts 1 + 2 + 4 s of backoff
 BODY = {"agent": "demo", "input": "hi", "metadata": {"script": {"steps": [{"text": "ok"}]}}}
 
@@ -113,3 +117,68 @@ def test_sessions_ended_under_a_warm_pool_cost_the_next_request_nothing(
         end_other_sessions()
         response = httpx.get(url, headers=headers, timeout=30)
         assert response.status_code == 200, response.text
+
+
+@pytest.mark.slow
+def test_starts_while_backends_are_terminated_are_answered_by_the_log(
+    make_user, subprocess_env, tmp_path
+):
+    """Issue 31's fault test: ``POST /runs`` with an Idempotency-Key through a real server
+    while PostgreSQL ends the server's sessions every few milliseconds. Every start answered
+    503 is absent from the log, every one answered 201 or 202 is there, and sending each
+    again with its key, once the faults stop, starts exactly one run per key."""
+
+    from runtime.models import MessageRecord, StartRecord
+    from tests.faults import _admin, _kept_session
+
+    if connection.vendor != "postgresql":
+        pytest.skip("ending sessions is PostgreSQL's fault")
+    _, token = make_user("kim", "read", "operate")
+    headers = {"Authorization": f"Bearer {token}"}
+    kept = _kept_session()
+    stop, ended = threading.Event(), [0]
+
+    def end_sessions() -> None:
+        admin, name = _admin()
+        with admin:
+            while not stop.is_set():
+                rows = admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> %s AND pid <> pg_backend_pid()",
+                    [name, kept],
+                ).fetchall()
+                ended[0] += len(rows)
+                stop.wait(0.1)
+
+    def start(base: str, i: int) -> httpx.Response:
+        body = {**BODY, "input": f"fault-{i}"}
+        keyed = {**headers, "Idempotency-Key": f"fault-{i}"}
+        return httpx.post(f"{base}{BASE}/runs", json=body, headers=keyed, timeout=60)
+
+    with serving(subprocess_env, tmp_path / "daphne.log") as base:
+        assert httpx.get(f"{base}{BASE}/runs", headers=headers, timeout=30).status_code == 200
+        killer = threading.Thread(target=end_sessions)
+        killer.start()
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                statuses = list(pool.map(lambda i: start(base, i).status_code, range(FAULTED)))
+        finally:
+            stop.set()
+            killer.join()
+        logged = set(
+            MessageRecord.objects.filter(content__startswith="fault-").values_list(
+                "content", flat=True
+            )
+        )
+        for i, status in enumerate(statuses):
+            assert status in (201, 202, 503), (i, status)
+            assert (f"fault-{i}" in logged) == (status != 503), (i, status)
+        # Sent again with their keys, the faults over: each key has its one run.
+        again = [start(base, i) for i in range(FAULTED)]
+    assert [r.status_code for r in again] == [201] * FAULTED, [r.text for r in again][:3]
+    assert len({r.json()["id"] for r in again}) == FAULTED
+    assert Run.objects.count() == StartRecord.objects.count() == FAULTED
+    for i, status in enumerate(statuses):  # what the suite saw, for the closing note
+        print(f"start {i}: {status}")
+    print(f"sessions ended: {ended[0]}; answers: {sorted(Counter(statuses).items())}")
+    assert ended[0] > 0
