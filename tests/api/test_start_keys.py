@@ -143,9 +143,7 @@ def test_a_fork_key_sent_with_another_body_is_422(api, source, path, body):
     assert Run.objects.count() == runs
 
 
-def test_a_fork_whose_connection_was_lost_after_its_commit_is_answered_from_the_log(
-    api, source
-):
+def test_a_fork_whose_connection_was_lost_after_its_commit_is_answered_from_the_log(api, source):
     path = f"/runs/{source}/fork"
     with connection_lost_after_commit(NEW_RUN) as struck:
         lost = api.post(path, {"at_step": 1}, headers=keyed("lost-fork"))
