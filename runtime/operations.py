@@ -732,6 +732,7 @@ def reconcile(
     actor: str = "",
     follow_up_agent: str | None = None,
     correction: bool = False,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
     """Record what the downstream system says of an Indeterminate call, as a thread note.
 
@@ -743,7 +744,10 @@ def reconcile(
     ``follow_up_agent`` a new run starts on the thread with the outcome as its input (when the
     thread has no active run). Returns {"call_id", "outcome", "seq", "follow_up_run_id"}.
     Raises NotFound, InvalidCommit (not Indeterminate, unknown outcome), and for the
-    follow-up UnknownAgent or RunAlreadyActive; on any refusal nothing is written.
+    follow-up UnknownAgent or RunAlreadyActive; on any refusal nothing is written. With
+    ``idempotency_key`` (scoped to the call's run, as a resume's) the same reconciliation
+    sent again gets its first answer and records nothing (IdempotencyKeyReused for another
+    one under the same key).
     """
     _require_id(call_id, "tool call")
     _storable([outcome, evidence], "the reconciliation")
@@ -752,6 +756,31 @@ def reconcile(
     call = ToolCallRecord.objects.select_related("run").filter(id=call_id).first()
     if call is None:
         raise NotFound(f"tool call {call_id} does not exist")
+    payload = {
+        "reconcile": call_id,
+        "outcome": outcome,
+        "evidence": evidence,
+        "follow_up_agent": follow_up_agent,
+        "correction": correction,
+    }
+    return _answered(
+        call.run_id,
+        idempotency_key,
+        payload,
+        lambda: _reconciled(call, outcome, evidence, actor, follow_up_agent, correction),
+    )
+
+
+def _reconciled(
+    call: ToolCallRecord,
+    outcome: str,
+    evidence: str,
+    actor: str,
+    follow_up_agent: str | None,
+    correction: bool,
+) -> dict[str, Any]:
+    """Commit the reconciliation note (and its follow-up run): ``reconcile``'s write."""
+    call_id = call.id
     if not correction and (earlier := _contradicted(call, outcome)) is not None:
         raise ReconciliationContradicts(
             f"this contradicts commit #{earlier.seq} ({earlier.outcome.replace('_', ' ')} by "

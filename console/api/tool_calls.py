@@ -13,6 +13,7 @@ from ninja.responses import Status
 from console.api.auth import actor, operate_auth, read_auth
 from console.api.errors import errors
 from console.api.pagination import CURSOR_PATTERN, keyset_page
+from console.api.runs import IdempotencyKey
 from console.api.schemas import (
     CallPhaseName,
     Id,
@@ -124,16 +125,26 @@ def list_tool_calls(request: HttpRequest, filters: Query[CallFilters]) -> dict[s
     auth=operate_auth,
     summary="Record what the downstream system says of an Indeterminate call",
 )
-def reconcile(request: HttpRequest, call_id: Id, payload: ReconcileIn) -> Status[Any]:
+def reconcile(
+    request: HttpRequest,
+    call_id: Id,
+    payload: ReconcileIn,
+    idempotency_key: IdempotencyKey = None,
+) -> Status[Any]:
     """Record the outcome (applied / not_applied / unknown) and evidence as a committed,
     audited fact on the thread; nothing is reopened. 422 ``invalid_commit`` when the call is
-    not Indeterminate. A follow-up run is started separately (``POST /threads/{id}/runs``)."""
+    not Indeterminate. A follow-up run is started separately (``POST /threads/{id}/runs``).
+
+    With an ``Idempotency-Key`` (scoped to the call's run, as a resume's) the same body sent
+    again gets 201 the reconciliation it recorded and records nothing; another body under
+    the same key is 422 ``idempotency_key_reused``."""
     answer = operations.reconcile(
         call_id,
         outcome=payload.outcome,
         evidence=payload.evidence,
         actor=actor(request),
         correction=payload.correction,
+        idempotency_key=idempotency_key,
     )
     call = (
         ToolCallRecord.objects.only("run_id", "run__thread_id")

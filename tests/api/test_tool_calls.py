@@ -119,6 +119,22 @@ def test_a_contradicting_reconciliation_must_say_it_is_a_correction(api, sealed)
     assert corrected.status_code == 201, corrected.content
 
 
+def test_a_reconciliation_sent_again_with_its_key_is_recorded_once(api, sealed):
+    """Issue 31, item 1: a reconciliation takes an Idempotency-Key, as a resume does."""
+    (_, call_id) = sealed["started"]
+    path = f"/tool-calls/{call_id}/reconciliation"
+    body, key = {"outcome": "applied", "evidence": "row 42"}, {"Idempotency-Key": "rec-1"}
+    first = api.post(path, body, headers=key)
+    assert first.status_code == 201, first.content
+    before = commit_count()
+    again = api.post(path, body, headers=key)
+    assert again.status_code == 201 and again.json() == first.json()
+    assert commit_count() == before and ReconciliationRecord.objects.count() == 1
+    other = api.post(path, {"outcome": "unknown"}, headers=key)
+    assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
+    assert commit_count() == before
+
+
 def test_unreconciled_lists_what_the_console_still_shows(api, sealed):
     (_, call_id) = sealed["started"]
     assert [i["call_id"] for i in api.get("/tool-calls", unreconciled="true").json()["items"]] == [
