@@ -13,6 +13,9 @@ from contextlib import contextmanager
 from functools import wraps
 from typing import Any
 
+from django.db.models.functions import Substr
+from django.utils import timezone
+
 from runtime import db
 from runtime.errors import NotFound
 from runtime.limits import why_waiting
@@ -32,7 +35,39 @@ RUN_SUMMARY_FIELDS = (
     "created_at",
     "committed_at",
     "paused",
+    "wait_until",
+    "waiting",
 )
+
+# How much of a run's input a list shows: its first line, cut here (with "…").
+INPUT_LINE_CHARS = 400
+
+
+def input_lines(run_ids: list[str]) -> dict[str, str]:
+    """``{run_id: the first line of its first user message}``, cut to INPUT_LINE_CHARS
+    with "…", for a page of runs: one query over those runs' user messages, each read as a
+    prefix, never the history."""
+    prefixes = (
+        MessageRecord.objects.filter(run_id__in=run_ids, role="user")
+        .order_by("-seq", "-idx")
+        .annotate(start=Substr("content", 1, INPUT_LINE_CHARS + 100))
+        .values_list("run_id", "start")
+    )
+    lines: dict[str, str] = {}
+    for run_id, start in prefixes:  # newest first: the first user message wins
+        line = (start.strip().splitlines() or [""])[0]
+        cut = len(line) > INPUT_LINE_CHARS
+        lines[run_id] = line[:INPUT_LINE_CHARS].rstrip() + "…" if cut else line
+    return lines
+
+
+def held_back(run: Run) -> str | None:
+    """Why a Running run that no worker holds was released to wait (a model's budget, a
+    model outage) until its ``wait_until``, from its own row; None otherwise. The run
+    document's ``waiting`` also says when a limit's slots are all held (``why_waiting``)."""
+    if run.state != "running" or not run.waiting or run.wait_until is None:
+        return None
+    return run.waiting if run.wait_until > timezone.now() else None
 
 
 @contextmanager

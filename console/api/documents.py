@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from runtime.documents import RUN_SUMMARY_FIELDS, run_document
+from runtime.documents import RUN_SUMMARY_FIELDS, held_back, input_lines, run_document
 from runtime.models import Run, ThreadCommit
 
 
@@ -20,7 +21,14 @@ def run_out(run_id: str) -> dict[str, Any]:
     return with_active_batch(run_document(run_id))
 
 
-def run_summary(run: Run) -> dict[str, Any]:
+def run_summaries(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """The summaries of a page of runs, read with RUN_SUMMARY_FIELDS: one more query for
+    their input lines (``runtime.documents.input_lines``)."""
+    inputs = input_lines([run.id for run in runs])
+    return [run_summary(run, inputs.get(run.id, "")) for run in runs]
+
+
+def run_summary(run: Run, input_line: str) -> dict[str, Any]:
     return {
         "id": run.id,
         "thread_id": run.thread_id,
@@ -33,6 +41,8 @@ def run_summary(run: Run) -> dict[str, Any]:
         "created_at": run.created_at.isoformat(),
         "committed_at": run.committed_at.isoformat() if run.committed_at else None,
         "paused": run.paused,
+        "input": input_line,
+        "waiting": held_back(run),
     }
 
 

@@ -15,7 +15,7 @@ from console.api.documents import (
     SUMMARY_FIELDS,
     commit_document,
     run_out,
-    run_summary,
+    run_summaries,
     with_active_batch,
 )
 from console.api.errors import Forbidden, errors
@@ -186,7 +186,7 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> dict[str, Any
     page, next_cursor = keyset_page(
         rows, cursor=filters.cursor, limit=filters.limit, newest_first=True
     )
-    return {"items": [run_summary(run) for run in page], "next_cursor": next_cursor}
+    return {"items": run_summaries(page), "next_cursor": next_cursor}
 
 
 @router.get(

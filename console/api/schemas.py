@@ -410,6 +410,14 @@ class RunSummaryOut(Schema):
     created_at: Timestamp
     committed_at: Timestamp | None = None
     paused: bool = Field(False, description="an operator paused it (see the run's pause)")
+    input: str = Field(
+        "", description="the first line of its input (its first user message), up to 400 characters"
+    )
+    waiting: str | None = Field(
+        None,
+        description="why a Running run no worker holds waits (a model's budget, a model "
+        "outage), until its next try; the run document also names a limit's held slots",
+    )
 
 
 class RunPageOut(Schema):

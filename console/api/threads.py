@@ -10,7 +10,7 @@ from ninja.responses import Status
 
 from console.api import runs
 from console.api.auth import operate_auth, read_auth
-from console.api.documents import SUMMARY_FIELDS, run_summary
+from console.api.documents import SUMMARY_FIELDS, run_summaries
 from console.api.errors import errors
 from console.api.runs import IdempotencyKey
 from console.api.schemas import CommittedOut, Id, RunIn, RunOut, ThreadIn, ThreadOut
@@ -43,7 +43,7 @@ def thread_document(thread: Thread) -> dict[str, Any]:
             }
             for m in messages
         ],
-        "runs": [run_summary(r) for r in thread_runs.order_by("created_at", "id")],
+        "runs": run_summaries(list(thread_runs.order_by("created_at", "id"))),
     }
 
 

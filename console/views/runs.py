@@ -33,7 +33,7 @@ from console.views.reconcile import mark_corrections
 from console.views.tickets import _context_lines, attach_notes, build_card
 from runtime import inventory, limits, operations, search, stuck
 from runtime.agents import registry
-from runtime.documents import RUN_SUMMARY_FIELDS, consistent, run_document
+from runtime.documents import RUN_SUMMARY_FIELDS, consistent, input_lines, run_document
 from runtime.domain.commit import PAUSE_REASON_MAX
 from runtime.errors import CommittedUnread, NotFound, RuntimeFault
 from runtime.inventory import unreconciled_calls
@@ -160,10 +160,7 @@ def _row_context(page: list[Run]) -> None:
     Running run: runtime.stuck.Holder) on each run: five queries for the whole page, none
     per row."""
     ids = [r.id for r in page]
-    inputs: dict[str, str] = {}
-    users = MessageRecord.objects.filter(run_id__in=ids, role="user").order_by("-seq", "-idx")
-    for run_id, content in users.values_list("run_id", "content"):
-        inputs[run_id] = content  # newest first: the first user message wins
+    inputs = input_lines(ids)
     waits = {
         run_id: f"{kind}: #{index} {name}"
         for run_id, kind, index, name in Ticket.objects.filter(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from runtime.agents import registry
 from runtime.models import Run, ThreadCommit
@@ -348,3 +351,20 @@ def test_cancel_an_unknown_run_is_404(api):
 def test_a_script_step_is_visible_in_the_run(api, start):
     run = start(APPROVAL, {"text": "done"})
     assert run["metadata"]["script"]["steps"][0] == APPROVAL
+
+
+def test_the_run_list_carries_each_runs_input_line_and_why_it_waits(api):
+    """Issue 32: a client reads a page of runs without one request per row."""
+    long = "x" * 500
+    first = api.post("/runs", {"agent": "demo", "input": "Refund order 7\nsecond line"}).json()
+    second = api.post("/runs", {"agent": "demo", "input": long}).json()
+    Run.objects.filter(id=second["id"]).update(
+        wait_until=timezone.now() + timedelta(minutes=1), waiting="waiting for the model: ..."
+    )
+    items = {item["id"]: item for item in api.get("/runs").json()["items"]}
+    assert items[first["id"]]["input"] == "Refund order 7"
+    assert items[first["id"]]["waiting"] is None
+    assert items[second["id"]]["input"] == "x" * 400 + "…"
+    assert items[second["id"]]["waiting"] == "waiting for the model: ..."
+    thread = api.get(f"/threads/{first['thread_id']}").json()
+    assert thread["runs"][0]["input"] == "Refund order 7"
