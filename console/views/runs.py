@@ -402,7 +402,9 @@ def run_context(
         "waiting": stuck.waiting(doc, own),
         "timeline": steps,
         # Steps a fork may start after: those whose answer (and batch) are committed whole.
-        "finished_steps": [s.step for s in steps if not s.calls or s.finalized_at is not None],
+        "finished_steps": fork_statements(
+            doc, [s.step for s in steps if not s.calls or s.finalized_at is not None]
+        ),
         "forks": _forks(run_id),
         "child_lines": _context_lines([c["id"] for c in doc["children"]])
         if doc["children"]
@@ -669,6 +671,41 @@ def bulk_pause(request: HtmxHttpRequest) -> HttpResponse:
     verb = "Resumed" if action == "resume" else "Paused"
     messages.success(request, f"{verb} {changed} run{'s' if changed != 1 else ''}.")
     return redirect(f"{reverse('console:runs')}?{urlencode(query)}")
+
+
+def fork_statements(doc: dict[str, Any], finished: list[int]) -> list[tuple[int, str]]:
+    """``[(step, what a fork after it runs again)]`` for the fork form, said before the click
+    (issue 32): the later steps are not copied, the model is asked for the next one at once,
+    and the tools those steps called (with their approvals and effects) may be called again,
+    as new operations."""
+    last = doc["step"]
+    statements = []
+    for n in finished:
+        if n >= last:
+            statements.append(
+                (n, f"Nothing of this run is repeated: the fork asks the model for step {n + 1}.")
+            )
+            continue
+        later = [c for b in doc["batches"] if b["step"] > n for c in b["calls"]]
+        steps, are = (f"step {n + 1}", "is") if n + 1 == last else (f"steps {n + 1}–{last}", "are")
+        text = f"This run's {steps} {are} not copied: the fork asks the model for step {n + 1} now"
+        if later:
+            tools = dict.fromkeys(_tool_words(c) for c in later)
+            text += (
+                f", and may call again what {steps} called: {', '.join(tools)} (as new operations)."
+            )
+        else:
+            text += f"; {steps} called no tools."
+        statements.append((n, text))
+    return statements
+
+
+def _tool_words(call: dict[str, Any]) -> str:
+    """A tool as the fork statement names it: "refund (asks approval, effect once)"."""
+    notes = ["asks approval"] if call.get("permission") == "ask" else []
+    if call.get("effects") in ("once", "idempotent"):
+        notes.append(f"effect {call['effects']}")
+    return f"{call['name']} ({', '.join(notes)})" if notes else call["name"]
 
 
 def rerun_cost(run_id: str) -> dict[str, Any]:

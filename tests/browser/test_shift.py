@@ -218,6 +218,11 @@ def test_the_reviewers_tasks_in_a_shift(stack, page, sign_in):
         shift.goto(f"{base}/runs/{two}/")
         shift.click(page.get_by_text("Fork from a step…"))
         shift.select(page.locator("#fork-step"), "2")
+        # What the fork runs again, said before the click for the step chosen (issue 32).
+        expect(page.get_by_test_id("fork-statement")).to_have_text(
+            "This run's step 3 is not copied: the fork asks the model for step 3 now; step 3"
+            " called no tools."
+        )
         shift.click(page.get_by_role("button", name="Fork", exact=True))
         expect(page.get_by_test_id("forked-from")).to_contain_text(two[:8])
 

@@ -241,7 +241,19 @@ def test_fork_from_a_step_in_the_console(operator, viewer, new_run):
     run.finalize()
     run.text_step("done", end=True)
     page = operator.get(reverse("console:run", args=[run.run_id]))
-    assert page.context["finished_steps"] == [1, 2, 3]
+    said = dict(page.context["finished_steps"])
+    assert list(said) == [1, 2, 3]
+    # Issue 32: the form says what a fork after each step runs again, before the click.
+    assert said[1] == (
+        "This run's steps 2–3 are not copied: the fork asks the model for step 2 now, and"
+        " may call again what steps 2–3 called: ledger_once (effect once) (as new operations)."
+    )
+    assert said[2] == (
+        "This run's step 3 is not copied: the fork asks the model for step 3 now; step 3"
+        " called no tools."
+    )
+    assert said[3] == "Nothing of this run is repeated: the fork asks the model for step 4."
+    assert f'data-testid="fork-statement" aria-live="polite">{said[3]}<' in page.content.decode()
     assert 'action="' + reverse("console:fork", args=[run.run_id]) in page.content.decode()
     assert 'id="fork"' not in viewer.get(reverse("console:run", args=[run.run_id])).content.decode()
     url = reverse("console:fork", args=[run.run_id])

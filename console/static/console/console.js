@@ -255,6 +255,13 @@
       document.querySelectorAll("#calls input.rc-select").forEach(function (b) { b.checked = e.target.checked; });
     }
     if (all || (e.target.matches && e.target.matches("input.select"))) updateSelected();
+    // A select whose options say something (the fork form's step): show what the chosen one says.
+    var said = e.target.matches && e.target.matches("select[data-statement-of]");
+    if (said) {
+      var chosen = e.target.options[e.target.selectedIndex];
+      var into = document.getElementById(e.target.getAttribute("data-statement-of"));
+      if (chosen && into) into.textContent = chosen.getAttribute("data-statement") || "";
+    }
   });
   // A bulk answer swaps the cards it answered (out of band): the count follows what is
   // still selected, never the number sent.
