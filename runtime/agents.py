@@ -5,9 +5,11 @@ Agents are Python values registered by dotted path in ``settings.RUNTIME_AGENTS`
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -59,6 +61,19 @@ class Agent:
     sources: tuple[Any, ...] = ()
     attached: Mapping[str, Any] = field(default_factory=dict)
     limits: RunLimit | None = None
+    version: str | None = None
+
+    @cached_property
+    def deployed_version(self) -> str:
+        """The version of this definition that runs and commits record (issue 34): its
+        author's ``version`` when given, else ``"d-"`` and 12 hex digits of a digest of what
+        the model and the tools' recovery see (instructions, step limit, permissions, the
+        provider's kind, model and options, each tool's name, description, argument schema,
+        policy, permission, budget and effects, the sources' and plugins' kinds). Computed
+        once per definition."""
+        if self.version:
+            return self.version
+        return "d-" + hashlib.sha256(_definition(self).encode()).hexdigest()[:12]
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
@@ -70,6 +85,26 @@ class Agent:
 
     def permission_for(self, tool: Tool) -> Permission:
         return self.permissions.get(tool.name, tool.permission)
+
+
+def _definition(agent: Agent) -> str:
+    """``agent``'s definition as canonical JSON text (what ``deployed_version`` digests)."""
+    provider = agent.provider
+    shape = {
+        "name": agent.name,
+        "instructions": agent.instructions,
+        "step_limit": agent.step_limit,
+        "permissions": {name: str(p) for name, p in sorted(agent.permissions.items())},
+        "provider": [provider.kind, provider.model, provider.base_url, dict(provider.options)],
+        "tools": [
+            [t.name, t.description, t.parameters, str(t.policy), str(t.permission)]
+            + [t.max_attempts, str(t.effects), t.delegate is not None, t.input_wait is not None]
+            for t in agent.tools
+        ],
+        "sources": [type(s).__name__ for s in agent.sources],
+        "plugins": [type(p).__name__ for p in agent.plugins],
+    }
+    return json.dumps(shape, sort_keys=True, default=str)
 
 
 def load_agent(path: str) -> Agent:

@@ -260,7 +260,9 @@ def paused_line(pause: dict[str, Any] | None) -> str:
 def run_document(run_id: str) -> dict[str, Any]:
     """Return the committed state of a run as the contract's run document.
 
-    Keys: id, thread_id, agent, state, end_cause, error, version, step, ticket (the ticket
+    Keys: id, thread_id, agent, agent_version (the deployed version of its agent it started
+    with, issue 34; "" for a run started before versions were recorded), state, end_cause,
+    error, version, step, ticket (the ticket
     the run waits on, or None; a timer's carries ``due_at``), tickets (every open ticket,
     delegation tickets of children included), parent ({"run", "call"} or None), depth,
     children ([{"id", "agent", "state", "end_cause", "call_id"}]), pause (None, or who paused
@@ -295,6 +297,7 @@ def run_document(run_id: str) -> dict[str, Any]:
         "id": run.id,
         "thread_id": run.thread_id,
         "agent": run.agent,
+        "agent_version": run.agent_version,
         "state": run.state,
         "end_cause": run.end_cause,
         "error": run.error,

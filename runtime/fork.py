@@ -242,6 +242,7 @@ def expected_copy(
         "messages": _retext(copy.deepcopy(row.messages), pattern, ids),
         "events": _retext(events, pattern, ids),
         "actor": row.actor,
+        "agent_version": row.agent_version,
     }
 
 
@@ -254,6 +255,7 @@ def _draft(thread_id: str, seq: int, stored: dict[str, Any]) -> CommitDraft:
         messages=tuple(codec.load_message(m) for m in stored["messages"]),
         events=tuple(codec.load_event(e) for e in stored["events"]),
         actor=stored["actor"],
+        agent_version=stored["agent_version"],
     )
 
 

@@ -528,7 +528,7 @@ def _compare_forks(found: _Findings, log: _Log) -> None:
             row["seq"]: dict(row)
             for row in ThreadCommit.objects.filter(
                 thread_id=found.thread_id, seq__lte=source.seq
-            ).values("seq", "run_id", "disposition", "messages", "events", "actor")
+            ).values("seq", "run_id", "disposition", "messages", "events", "actor", "agent_version")
         }
         for row in source.rows:
             expected = fork.expected_copy(source, row, run_id, actor, ids)

@@ -79,6 +79,8 @@ class Run(models.Model):
     # ``wait_until``; ``waiting`` says why (runtime.limits).
     wait_until = models.DateTimeField(null=True, blank=True)
     waiting = models.CharField(max_length=300, blank=True, default="")
+    # The deployed version of its agent it started with (Agent.deployed_version, issue 34).
+    agent_version = models.CharField(max_length=100, blank=True, default="")
     # Operational: when its model began to fail retryably in the step it is on (a model
     # outage, issue 31 item 6); a time before ``committed_at`` belongs to an earlier step.
     model_unavailable_since = models.DateTimeField(null=True, blank=True)
@@ -190,6 +192,8 @@ class ThreadCommit(models.Model):
     messages = models.JSONField(default=list)
     events = models.JSONField(default=list)
     actor = models.CharField(max_length=200, blank=True, default="")
+    # The deployed version of the agent whose code wrote it: a worker's commit (issue 34).
+    agent_version = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

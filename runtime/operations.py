@@ -162,7 +162,8 @@ def start_run(
                 agent=agent, input=input, metadata=metadata, thread_id=thread_id, actor=actor
             ),
         )
-    plugins = get_agent(agent).plugins
+    definition = get_agent(agent)
+    plugins = definition.plugins
     metadata = dict(metadata or {})
     _storable(metadata, "metadata")
     _storable(input, "the input")
@@ -181,7 +182,12 @@ def start_run(
     )
     new_thread = thread_id is None
     activation = RunActivated(
-        run_id=run_id, agent=agent, metadata=metadata, depth=child.depth if child else 0, **parent
+        run_id=run_id,
+        agent=agent,
+        metadata=metadata,
+        depth=child.depth if child else 0,
+        agent_version=definition.deployed_version,
+        **parent,
     )
     draft = CommitDraft(
         thread_id=new_id() if thread_id is None else thread_id,

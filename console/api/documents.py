@@ -59,6 +59,7 @@ def commit_document(commit: ThreadCommit) -> dict[str, Any]:
         "messages": commit.messages,
         "events": commit.events,
         "actor": commit.actor,
+        "agent_version": commit.agent_version,
         "created_at": commit.created_at.isoformat(),
     }
 

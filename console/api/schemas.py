@@ -357,6 +357,11 @@ class RunOut(Schema):
     id: str
     thread_id: str
     agent: str
+    agent_version: str = Field(
+        "",
+        description="the deployed version of its agent it started with (Agent.version, "
+        "else a digest of the definition)",
+    )
     state: RunStateName
     end_cause: EndCauseName | None = None
     error: Any = None
@@ -455,6 +460,9 @@ class CommitOut(Schema):
     messages: list[dict[str, Any]]
     events: list[dict[str, Any]]
     actor: str = ""
+    agent_version: str = Field(
+        "", description="the deployed version of the agent whose code wrote it (a worker's)"
+    )
     created_at: Timestamp
 
 

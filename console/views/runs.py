@@ -406,6 +406,7 @@ def run_context(
             doc, [s.step for s in steps if not s.calls or s.finalized_at is not None]
         ),
         "forks": _forks(run_id),
+        "deployed_version": _deployed_version(doc["agent"]),
         "child_lines": _context_lines([c["id"] for c in doc["children"]])
         if doc["children"]
         else {},
@@ -671,6 +672,13 @@ def bulk_pause(request: HtmxHttpRequest) -> HttpResponse:
     verb = "Resumed" if action == "resume" else "Paused"
     messages.success(request, f"{verb} {changed} run{'s' if changed != 1 else ''}.")
     return redirect(f"{reverse('console:runs')}?{urlencode(query)}")
+
+
+def _deployed_version(agent: str) -> str:
+    """The version of ``agent`` this process has deployed now ("" when it has none): beside
+    the run's own, it shows that a deploy changed the agent since the run started."""
+    definition = registry().get(agent)
+    return definition.deployed_version if definition is not None else ""
 
 
 def fork_statements(doc: dict[str, Any], finished: list[int]) -> list[tuple[int, str]]:

@@ -87,6 +87,8 @@ class CommitDraft:
 
     ``run_id`` is None only for a thread note (reconciliation facts), which carries no
     disposition. ``expected_version`` is the thread's last commit sequence as the writer saw it.
+    ``agent_version`` is the deployed version of the agent whose code wrote it: a worker's
+    commits carry it, an operator's and a start's carry "" (issue 34).
     """
 
     thread_id: str
@@ -96,6 +98,7 @@ class CommitDraft:
     messages: tuple[Message, ...] = ()
     events: tuple[Event, ...] = ()
     actor: str = ""
+    agent_version: str = ""  # the agent's version whose code wrote it (a worker's commit)
 
 
 # -- run-level rules ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ class RunActivated:
     parent_run_id: str | None = None
     parent_call_id: str | None = None
     depth: int = 0
+    agent_version: str = ""  # the agent's deployed version the run started with (issue 34)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

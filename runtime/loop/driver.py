@@ -110,6 +110,7 @@ class RunDriver:
         self.committed: RunView | None = None
         self._run: RunView | None = None  # committed view plus staged results
         self.version = 0
+        self.agent_version = ""  # the deployed version of the agent driving it, once loaded
         self.metadata: dict[str, Any] = {}
         self.messages: list[Message] | None = None  # the thread's committed messages
         self.staged: list[Staged] = []
@@ -181,6 +182,7 @@ class RunDriver:
             messages=messages,
             events=tuple(s.event for s in self.staged) + events + self.plugin_stage.events(),
             actor=f"worker:{self.worker_id}",
+            agent_version=self.agent_version,
         )
 
     async def commit(
@@ -288,6 +290,7 @@ class RunDriver:
             if self._run.state is RunState.RUNNING:
                 await self.end(EndCause.FAILED, {"type": exc.code, "message": exc.message})
             return
+        self.agent_version = agent.deployed_version  # of the definition, before its sources
         try:  # the agent's source tools (MCP) are listed now and offered beside its own
             async with sources.attached(agent) as agent:
                 await self._loop(agent)

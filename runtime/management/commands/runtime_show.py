@@ -34,9 +34,10 @@ class Command(RuntimeCommand):
             self.stdout.write(json.dumps(document, indent=2, sort_keys=True))
             return
         cause = f" ({document['end_cause']})" if document["end_cause"] else ""
+        release = f" agent_version={document['agent_version']}" if document["agent_version"] else ""
         self.stdout.write(
             f"run {document['id']} agent={document['agent']} state={document['state']}{cause} "
-            f"version={document['version']}"
+            f"version={document['version']}{release}"
         )
         if document["error"]:
             self.stdout.write(f"  error: {describe_error(document['error'])}")
