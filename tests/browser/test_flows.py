@@ -59,9 +59,15 @@ def test_approval_flow_live_then_committed(stack, page, browser, sign_in):
 
     live = page.locator("#live-text")
     # The page subscribes after the first deltas went out: the worker's checkpoint in the
-    # hello still shows the opening words (issue 11, defect 10).
-    expect(live).to_contain_text("Let me", timeout=15_000)
-    expect(live).to_contain_text("record that", timeout=15_000)
+    # hello still shows the opening words (issue 11, defect 10). On a loaded machine a delta
+    # can still be missed; the page then draws a gap mark there (issue 29), so the check is
+    # that every piece drawn is text the model sent, in its order, never that none is missed.
+    expect(live).to_contain_text("Le", timeout=15_000)
+    sent = APPROVAL_SCRIPT["steps"][0]["text"]
+    deadline = time.monotonic() + 15
+    while not _drawn_in_order(live.inner_text(), sent, at_least=len("Let me record that")):
+        assert time.monotonic() < deadline, f"live text {live.inner_text()!r} is not {sent!r}"
+        page.wait_for_timeout(100)
     expect(page.locator("#live .badge.unconfirmed")).to_have_text("live, unconfirmed")
     # while streaming, the text is not a committed message yet
     assert "record that" not in page.locator("#committed .messages").inner_text()
@@ -91,6 +97,18 @@ def test_approval_flow_live_then_committed(stack, page, browser, sign_in):
     expect(page.locator("#committed table.log")).to_contain_text("olga")
     assert LedgerEffect.objects.get(key="invoice-42").applied == 1
     assert Run.objects.get(id=run_id).end_cause == "natural"
+
+
+def _drawn_in_order(drawn: str, sent: str, *, at_least: int) -> bool:
+    """True when `drawn`, split at the page's gap marks, is pieces of `sent` in order that
+    together hold at least `at_least` characters."""
+    position, shown = 0, 0
+    for piece in (p.strip() for p in drawn.split("…")):
+        found = sent.find(piece, position)
+        if found < 0:
+            return False
+        position, shown = found + len(piece), shown + len(piece)
+    return shown >= at_least
 
 
 def test_crashed_call_becomes_indeterminate_and_is_reconciled(stack, page, sign_in):
