@@ -11,6 +11,8 @@ of them by the worker. Three measurements:
 - **floor**: the same agent loop with no database at all: the pure domain's ``next_action`` and
   ``apply_commit`` on in-memory state, the scripted provider, the request built and digested
   as the loop does, and the tools' work without the ledger write.
+  Beside them, the workers' CPU per run (user + system, from ``/proc/self/stat``'s
+  ``cutime`` + ``cstime`` across the wait for them, start-up included).
 - **memory**: one worker drives ``--rss-runs`` runs; its VmRSS (``/proc/<pid>/status``) is read
   after its first runs and at the end.
 
@@ -156,10 +158,17 @@ def commit_span(run_ids: list[str]) -> float:
     return (span["last"] - span["first"]).total_seconds()
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children it has waited for
+    (``cutime`` + ``cstime`` of ``/proc/self/stat``)."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure_workers(workers: int, runs: int, log: Path) -> dict[str, float]:
     reset()
     run_ids = start_runs(runs)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), children_cpu()
     processes = [
         spawn(["--until-idle", "--worker-id", f"bench-{workers}-{i}"], log) for i in range(workers)
     ]
@@ -168,7 +177,11 @@ def measure_workers(workers: int, runs: int, log: Path) -> dict[str, float]:
     if any(codes):
         raise SystemExit(f"a worker failed ({codes}); see {log}")
     check_outcome(run_ids)
-    return {"wall": runs / wall, "steady": runs / commit_span(run_ids)}
+    return {
+        "wall": runs / wall,
+        "steady": runs / commit_span(run_ids),
+        "cpu": (children_cpu() - cpu) / runs,  # the workers' CPU, their start-up included
+    }
 
 
 def rss_kib(pid: int) -> int:
@@ -372,10 +385,16 @@ def main() -> None:
     rows = []
     for workers in options.workers:
         rates = measure_workers(workers, options.runs, log)
-        rows.append((f"{workers} worker process(es)", rates["wall"], rates["steady"]))
-    print(f"{'path':<28} {'runs/s (wall)':>14} {'runs/s (steady)':>16} {'floor / steady':>15}")
-    for name, wall, steady in rows:
-        print(f"{name:<28} {wall:>14.1f} {steady:>16.1f} {in_memory / steady:>14.1f}x")
+        rows.append((f"{workers} worker process(es)", rates["wall"], rates["steady"], rates["cpu"]))
+    print(
+        f"{'path':<28} {'runs/s (wall)':>14} {'runs/s (steady)':>16} {'floor / steady':>15}"
+        f" {'worker CPU ms/run':>18}"
+    )
+    for name, wall, steady, cpu in rows:
+        print(
+            f"{name:<28} {wall:>14.1f} {steady:>16.1f} {in_memory / steady:>14.1f}x"
+            f" {cpu * 1000:>18.1f}"
+        )
     print(f"{'in-memory floor (no DB)':<28} {in_memory:>14.1f} {in_memory:>16.1f} {1:>14.1f}x")
 
     early, late, rate = measure_memory(options.rss_runs, log)
