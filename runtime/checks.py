@@ -73,9 +73,9 @@ def heartbeat_within_lease(app_configs: Any = None, **kwargs: Any) -> list[check
 
 @checks.register(TAG)
 def choices_and_shapes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """runtime.E004: RUNTIME_METRICS is one of its choices; RUNTIME_PROVIDERS and
-    RUNTIME_TOOL_SOURCES map kinds to dotted paths; RUNTIME_MCP_SERVERS,
-    RUNTIME_RUN_LIMITS and RUNTIME_MODEL_LIMITS parse (README "Limits");
+    """runtime.E004: RUNTIME_METRICS and RUNTIME_AGENT_VERSION_ROUTING are each one of
+    their choices; RUNTIME_PROVIDERS and RUNTIME_TOOL_SOURCES map kinds to dotted paths;
+    RUNTIME_MCP_SERVERS, RUNTIME_RUN_LIMITS and RUNTIME_MODEL_LIMITS parse (README "Limits");
     RUNTIME_WEBHOOK_ALLOW_HOSTS holds host names and CIDRs (README "Webhooks")."""
     from runtime import plugins, providers, sources
 
@@ -88,6 +88,10 @@ def choices_and_shapes(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
                 id="runtime.E004",
             )
         )
+    try:
+        conf.agent_version_routing()
+    except ImproperlyConfigured as exc:
+        errors.append(checks.Error(str(exc), id="runtime.E004"))
     for module in (providers, sources):
         try:
             plugins.paths(module.SETTING, module.ENTRY_POINTS, module.BUILT_IN)

@@ -31,6 +31,7 @@ EVENT_TYPES: dict[str, type] = {
         ev.RunForked,
         ev.RunPaused,
         ev.RunResumed,
+        ev.RunMoved,
         ev.ReconciliationRecorded,
     )
 }

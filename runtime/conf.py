@@ -23,6 +23,8 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from runtime.domain.versions import Routing
+
 DAY = 86_400
 
 
@@ -303,6 +305,20 @@ def ws_max_message_bytes() -> int:
     """The largest WebSocket message a client may send (RUNTIME_WS_MAX_MESSAGE_BYTES,
     default 64 KiB)."""
     return int(number("RUNTIME_WS_MAX_MESSAGE_BYTES"))
+
+
+def agent_version_routing() -> Routing:
+    """What happens to a run whose agent's version no live worker carries
+    (RUNTIME_AGENT_VERSION_ROUTING): "drain" (default: a worker of another version of its
+    agent takes it over) or "pinned" (it waits for a worker of its own version). Raises
+    ImproperlyConfigured for another value (the runtime.E004 check reports it at start)."""
+    value = str(_get("RUNTIME_AGENT_VERSION_ROUTING", Routing.DRAIN)).strip().lower()
+    try:
+        return Routing(value)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"RUNTIME_AGENT_VERSION_ROUTING must be one of {', '.join(Routing)}, got {value!r}"
+        ) from None
 
 
 def metrics_access() -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cache, partial
 from typing import Any
@@ -43,7 +43,13 @@ from runtime import codec, conf, db, metrics
 from runtime.domain import webhooks
 from runtime.domain.commit import CommitDraft, apply_commit
 from runtime.domain.delegation import FollowUp, follow_ups
-from runtime.domain.events import CallExecuting, CallResumed, ReconciliationRecorded, StepCommitted
+from runtime.domain.events import (
+    CallExecuting,
+    CallResumed,
+    ReconciliationRecorded,
+    RunMoved,
+    StepCommitted,
+)
 from runtime.domain.model import ResumeTicket, RunState, RunView, ThreadHead, ToolBatch, ToolCall
 from runtime.errors import InvalidCommit, LeaseLost, NotFound, VersionConflict
 from runtime.models import (
@@ -102,8 +108,20 @@ def read_head(thread_id: str, *, lock: bool = False) -> ThreadHead:
 
 def read_run(run_id: str) -> RunView | None:
     """Return the committed RunView of ``run_id`` from its projection, or None."""
-    snapshot = Run.objects.filter(id=run_id).values_list("snapshot", flat=True).first()
-    return codec.load_run(snapshot) if snapshot else None
+    row = Run.objects.filter(id=run_id).values_list("snapshot", "agent_version").first()
+    return _loaded(*row) if row else None
+
+
+def _loaded(snapshot: dict[str, Any] | None, agent_version: str) -> RunView | None:
+    """The RunView of a stored snapshot. A snapshot written before RunView held the agent's
+    version lacks it: the run's row, stamped from its activation (issue 34), supplies it,
+    so the next commit's snapshot agrees with a fold of the log."""
+    if not snapshot:
+        return None
+    view = codec.load_run(snapshot)
+    if "agent_version" not in snapshot and agent_version:
+        view = replace(view, agent_version=agent_version)
+    return view
 
 
 def read_frontier(thread_id: str, run_id: str | None) -> tuple[ThreadHead, RunView | None]:
@@ -114,14 +132,19 @@ def read_frontier(thread_id: str, run_id: str | None) -> tuple[ThreadHead, RunVi
     row = (
         Thread.objects.filter(id=thread_id)
         .values_list("version", "active_run_id")
-        .annotate(snapshot=models.Subquery(Run.objects.filter(id=run_id).values("snapshot")[:1]))
+        .annotate(
+            snapshot=models.Subquery(Run.objects.filter(id=run_id).values("snapshot")[:1]),
+            agent_version=models.Subquery(
+                Run.objects.filter(id=run_id).values("agent_version")[:1]
+            ),
+        )
         .first()
     )
     if row is None:
         raise NotFound(f"thread {thread_id} does not exist")
-    version, active, snapshot = row
+    version, active, snapshot, agent_version = row
     head = ThreadHead(thread_id=thread_id, version=version, active_run_id=active)
-    return head, codec.load_run(snapshot) if snapshot else None
+    return head, _loaded(snapshot, agent_version or "")
 
 
 # -- the commit ----------------------------------------------------------------------------------
@@ -468,6 +491,8 @@ def _plan_run(
     }
     if run.state is not RunState.RUNNING:  # nothing for a worker to do: the lease ends here
         fields.update(lease_owner=None, lease_expires_at=None)
+    if any(isinstance(e, RunMoved) for e in draft.events):  # the workers that may claim it
+        fields["agent_version"] = run.agent_version
     if before is None:
         activation = draft.events[0]
         metadata = getattr(activation, "metadata", None) or {}

@@ -261,7 +261,8 @@ def run_document(run_id: str) -> dict[str, Any]:
     """Return the committed state of a run as the contract's run document.
 
     Keys: id, thread_id, agent, agent_version (the deployed version of its agent it started
-    with, issue 34; "" for a run started before versions were recorded), state, end_cause,
+    with, or an operator moved it to, issue 34; "" for a run started before versions were
+    recorded), state, end_cause,
     error, version, step, ticket (the ticket
     the run waits on, or None; a timer's carries ``due_at``), tickets (every open ticket,
     delegation tickets of children included), parent ({"run", "call"} or None), depth,

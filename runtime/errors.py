@@ -259,6 +259,15 @@ class ForkRefused(RuntimeFault):
     status = 409
 
 
+class MoveRefused(RuntimeFault):
+    """The run cannot be moved to that version of its agent (it ended, a worker drives it
+    now, it is on that version already, or another command moved it first); nothing was
+    written. ``detail`` says why."""
+
+    code = "move_refused"
+    status = 409
+
+
 class DelegationRefused(RuntimeFault):
     """The delegation exceeds a limit (depth or children per batch); no child was started."""
 

@@ -33,7 +33,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce, Now, RowNumber
 from django.utils import timezone
 
-from runtime import conf, db
+from runtime import conf, db, versions
 from runtime.agents import Agent, registry
 from runtime.db import db_now
 from runtime.domain.limits import (
@@ -126,11 +126,12 @@ def held(
 
 
 def claim_limited(
-    limits: dict[str, RunLimit], want: int, driving: tuple[str, ...] = ()
+    limits: dict[str, RunLimit], want: int, driving: tuple[str, ...] = (), allowed: Q | None = None
 ) -> list[str]:
-    """Pick up to ``want`` runnable runs of limited agents that fit their limits, oldest
-    commit first, and return their ids; the caller takes their leases in the same
-    transaction (which must be open: the lock lasts until it ends).
+    """Pick up to ``want`` runnable runs of limited agents that fit their limits (and
+    ``allowed``, the versions' condition of ``runtime.versions``), oldest commit first, and
+    return their ids; the caller takes their leases in the same transaction (which must be
+    open: the lock lasts until it ends).
 
     A key's backlog never hides another key's runs: each agent's candidates are at most
     ``per_key`` runs of each key, oldest first (``_candidates``), so the oldest runnable run
@@ -143,13 +144,13 @@ def claim_limited(
         mine = sum(n for (a, _key), n in counts.items() if a == agent)
         room = want if limit.runs is None else min(want, limit.runs - mine)
         if room > 0:
-            candidates += _candidates(agent, limit, now, driving, room + mine)
+            candidates += _candidates(agent, limit, now, driving, room + mine, allowed or Q())
     candidates.sort(key=lambda c: (c[0], c[1].run_id))
     return admit([c for _at, c in candidates], counts, limits, want)
 
 
 def _candidates(
-    agent: str, limit: RunLimit, now: Any, driving: tuple[str, ...], most: int
+    agent: str, limit: RunLimit, now: Any, driving: tuple[str, ...], most: int, allowed: Q
 ) -> list[tuple[Any, Candidate]]:
     """The runnable runs of ``agent`` a claim may take, with their commit instants: the
     oldest ``per_key`` of each key (a window per key), then the oldest ``most`` of those.
@@ -158,7 +159,7 @@ def _candidates(
     of its candidates as it holds slots, so that many more always reach the free slots."""
     rows = (
         Run.objects.runnable(now)
-        .filter(agent=agent)
+        .filter(allowed, agent=agent)
         .exclude(id__in=driving)
         .annotate(limit_key=_key_of({agent: limit}))
     )
@@ -193,8 +194,10 @@ def key_of(run: Run, limit: RunLimit) -> str:
 
 def why_waiting(run: Run) -> str:
     """Why a Running run that no worker holds is not driven ("" when nothing holds it back
-    but a free worker): the model budget it was released to wait for, or its agent's or its
-    key's slots all held ("waiting for a slot: agent X, 5 of 5 running")."""
+    but a free worker): the model budget it was released to wait for, no live worker that
+    may drive its agent's version ("waiting for a worker with version X of agent Y",
+    ``runtime.versions``), or its agent's or its key's slots all held ("waiting for a slot:
+    agent X, 5 of 5 running")."""
     if run.state != "running":
         return ""
     now = timezone.now()
@@ -202,6 +205,9 @@ def why_waiting(run: Run) -> str:
         return ""
     if run.waiting and run.wait_until is not None and run.wait_until > now:
         return run.waiting
+    unserved = versions.no_worker(run)
+    if unserved:
+        return unserved
     limit = run_limits().get(run.agent)
     if limit is None:
         return ""

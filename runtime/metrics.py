@@ -223,7 +223,7 @@ class LogCollector(Collector):
     """
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from runtime import inventory, limits
+        from runtime import inventory, limits, versions
 
         runs = GaugeMetricFamily(
             "runtime_runs", "Runs by state and end cause.", labels=["state", "end_cause"]
@@ -285,6 +285,16 @@ class LogCollector(Collector):
         for status, count in sorted(inventory.workers_by_status().items()):
             workers.add_metric([status], count)
         yield workers
+        unserved = GaugeMetricFamily(
+            "runtime_runs_without_a_worker",
+            "Running runs that no live worker may drive: none carries their agent, or (with"
+            f" RUNTIME_AGENT_VERSION_ROUTING pinned) the version they are on; counted up to"
+            f" {versions.COUNT_CAP}.",
+            labels=["agent", "agent_version"],
+        )
+        for agent, version, count, _reason in versions.without_a_worker():
+            unserved.add_metric([agent, version], count)
+        yield unserved
         yield from limit_families()
 
 

@@ -131,6 +131,13 @@ class Run(models.Model):
                 name="run_forks",
                 condition=Q(forked_from__isnull=False),
             ),
+            # The versions runs not ended are on, one probe per version (a loose scan:
+            # runtime.versions.open_versions), and a version's runs oldest first (moves).
+            models.Index(
+                fields=["agent", "agent_version", "created_at", "id"],
+                name="run_open_version",
+                condition=Q(state__in=["running", "awaiting"]),
+            ),
             # The workers page: the runs a worker holds are running ones.
             models.Index(
                 fields=["lease_owner", "committed_at"],
@@ -176,8 +183,9 @@ class RunCount(models.Model):
         ]
 
 
-# The event types of an operator's pause and resume commits (runtime.operations), by name.
-PAUSE_EVENTS = ("RunPaused", "RunResumed")
+# The event types of an operator's commits of their own that keep the run's disposition (a
+# pause, a resume, a move to another version: runtime.operations), by name.
+OPERATOR_EVENTS = ("RunPaused", "RunResumed", "RunMoved")
 
 
 class ThreadCommit(models.Model):
@@ -208,12 +216,12 @@ class ThreadCommit(models.Model):
         ]
         indexes = [
             models.Index(fields=["run", "seq"], name="commit_run_seq"),
-            # Audit's pause and resume entries: the commits whose first event is a RunPaused
-            # or a RunResumed (an operator's pause or resume commits that event alone).
+            # Audit's pause, resume and move entries: the commits whose first event is one of
+            # OPERATOR_EVENTS (such a commit carries that event alone).
             models.Index(
                 fields=["-created_at"],
-                name="commit_pause_recent",
-                condition=Q(events__0__type__in=PAUSE_EVENTS),
+                name="commit_operator_recent",
+                condition=Q(events__0__type__in=OPERATOR_EVENTS),
             ),
         ]
 
@@ -420,6 +428,8 @@ class WorkerProcess(models.Model):
     # connection pool is exhausted (written when a connection allows, cleared on recovery).
     problem = models.CharField(max_length=500, blank=True, default="")
     problem_since = models.DateTimeField(null=True, blank=True)
+    # {agent name: deployed version} of the agents it carries (runtime.versions, issue 34).
+    agents = models.JSONField(default=dict, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["-heartbeat_at"], name="worker_recent")]

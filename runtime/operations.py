@@ -41,6 +41,7 @@ from runtime.domain.events import (
     Event,
     ReconciliationRecorded,
     RunActivated,
+    RunMoved,
     RunPaused,
     RunResumed,
 )
@@ -62,6 +63,7 @@ from runtime.errors import (
     IdempotencyKeyReused,
     InvalidCommit,
     InvalidInput,
+    MoveRefused,
     NotFound,
     NotPaused,
     ReconciliationContradicts,
@@ -75,6 +77,7 @@ from runtime.hooks import has_hook
 from runtime.models import (
     CommandRecord,
     ReconciliationRecord,
+    Run,
     StartRecord,
     Thread,
     ThreadCommit,
@@ -87,6 +90,7 @@ from runtime.tools import Tool, ToolArgumentsError
 from runtime.untrusted import UntrustedJSONError, answer_problem, check_storable, is_id
 
 CONFLICT_RETRIES = 5  # a command re-reads and re-decides when a worker commits first
+VERSION_MAX = 100  # the length of Run.agent_version and ThreadCommit.agent_version
 
 log = logging.getLogger("runtime.operations")
 
@@ -574,7 +578,8 @@ def _pause_reason(reason: str) -> None:
 
 
 def _kept(run: RunView) -> Disposition:
-    """The disposition a pause or resume commits: the one the run has (README, "Pause")."""
+    """The disposition a pause, a resume or a move commits: the one the run has (README,
+    "Pause")."""
     if run.state is RunState.AWAITING:
         assert run.ticket is not None
         return Disposition.awaiting(run.ticket)
@@ -707,6 +712,76 @@ def _unpaused_before(run_id: str, actor: str, reason: str, ticket_id: str | None
                 named = ticket_id is None or ticket_id == event["ticket_id"]
                 return by == actor and named and event == resumed
     return False
+
+
+def move_run(
+    run_id: str,
+    *,
+    from_version: str,
+    to_version: str,
+    actor: str = "",
+    reason: str = "",
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """Move a run from ``from_version`` to ``to_version`` of its agent (deployed versions,
+    ``Agent.deployed_version``); return the run document after the commit.
+
+    One commit (``RunMoved``) keeps the run's disposition and stamps the run's row, so that
+    from then on workers that carry ``to_version`` drive it (``runtime.versions``). Its calls
+    keep what was pinned when they were requested. ``runtime.moves.plan`` says first what the
+    move changes for the run (issue 34, item 3).
+
+    Raises NotFound; MoveRefused when the run ended, when a worker holds its lease now (pause
+    it first: its worker lets it go at its next boundary), or when it is not on
+    ``from_version``; InvalidCommit for a reason or a version no surface may record;
+    IdempotencyKeyReused. Nothing is written on refusal. A run already on ``to_version`` is
+    answered with its document and nothing is written (the same move sent again).
+    Raises CommittedUnread when the move was committed but the run could not be read.
+    """
+    _require_id(run_id, "run")
+    _pause_reason(reason)
+    for version in (from_version, to_version):
+        _storable(version, "a version")
+        if len(version) > VERSION_MAX:
+            raise InvalidCommit(f"a version has at most {VERSION_MAX} characters")
+    if not to_version:
+        raise InvalidCommit("a run moves to a named version")
+
+    def build(run: RunView) -> CommitDraft | None:
+        if run.state is RunState.ENDED:
+            raise MoveRefused("the run ended: an ended run is not moved", end_cause=run.end_cause)
+        if run.agent_version == to_version:
+            return None
+        if run.agent_version != from_version:
+            raise MoveRefused(
+                f"the run is on version {run.agent_version!r}, not {from_version!r}",
+                agent_version=run.agent_version,
+            )
+        owner = (
+            Run.objects.filter(id=run_id, lease_expires_at__gt=db.db_now())
+            .values_list("lease_owner", flat=True)
+            .first()
+        )
+        if owner:
+            raise MoveRefused(
+                f"worker {owner} drives the run now: pause it first (its worker lets it go at"
+                " its next boundary), then move it",
+                lease_owner=owner,
+            )
+        return CommitDraft(
+            thread_id=run.thread_id,
+            run_id=run.run_id,
+            expected_version=0,  # the head read with the run (_commit_retrying)
+            disposition=_kept(run),
+            events=(RunMoved(from_version=from_version, to_version=to_version, reason=reason),),
+            actor=actor,
+        )
+
+    def act() -> dict[str, Any]:
+        return _answer(run_id, _commit_retrying(run_id, build), "move", actor)
+
+    request = {"move": [from_version, to_version], "reason": reason}
+    return _answered(run_id, idempotency_key, request, act)
 
 
 def reconciliation_problem(outcome: str, evidence: str) -> str | None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from django.utils import timezone
 
-from runtime import conf, inventory
+from runtime import conf, inventory, versions
 from runtime.models import Run, WorkerProcess
 
 log = logging.getLogger("runtime.registry")
@@ -63,8 +63,8 @@ def code_version() -> str:
 
 
 def register(worker_id: str, concurrency: int) -> None:
-    """Create or refresh the row of ``worker_id`` for this process (a restart under the same
-    id takes the row over)."""
+    """Create or refresh the row of ``worker_id`` for this process, with the agents' versions
+    it carries (a restart under the same id takes the row over)."""
     now = timezone.now()
     WorkerProcess.objects.update_or_create(
         id=worker_id,
@@ -76,6 +76,7 @@ def register(worker_id: str, concurrency: int) -> None:
             "started_at": now,
             "heartbeat_at": now,
             "stopped_at": None,
+            "agents": versions.carried(),
         },
     )
 

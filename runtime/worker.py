@@ -43,7 +43,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Greatest
 from psycopg_pool import PoolTimeout
 
-from runtime import codec, conf, db, limits, logs, metrics, registry, timers, webhooks
+from runtime import codec, conf, db, limits, logs, metrics, registry, timers, versions, webhooks
 from runtime.coordinator import PAUSED_PREFIX, WAKE_CHANNEL, Lease
 from runtime.db import (
     db_later,
@@ -109,24 +109,26 @@ def claim_many(worker_id: str, limit: int, driving: tuple[str, ...] = ()) -> lis
     own that counts their slots under a lock (``runtime.limits.claim_limited``)."""
     ttl = conf.lease_ttl()
     bounded = limits.run_limits()
+    mine = versions.Claimable.now()
     if db.connection.vendor == "postgresql":
-        claimed = _claim_postgres(worker_id, ttl, limit, driving, exclude=tuple(bounded))
+        claimed = _claim_postgres(worker_id, ttl, limit, mine, driving, exclude=tuple(bounded))
         if bounded and len(claimed) < limit:
             with db.atomic():
-                ids = limits.claim_limited(bounded, limit - len(claimed), driving)
+                ids = limits.claim_limited(bounded, limit - len(claimed), driving, mine.q())
                 if ids:
-                    claimed += _claim_postgres(worker_id, ttl, len(ids), driving, ids=ids)
+                    claimed += _claim_postgres(worker_id, ttl, len(ids), mine, driving, ids=ids)
         return claimed
     with db.atomic():  # IMMEDIATE: the write lock is taken at BEGIN
         ids = list(
             Run.objects.runnable(db_now())
+            .filter(mine.q())
             .exclude(id__in=driving)
             .exclude(agent__in=list(bounded))
             .order_by("committed_at")
             .values_list("id", flat=True)[:limit]
         )
         if bounded and len(ids) < limit:
-            ids += limits.claim_limited(bounded, limit - len(ids), driving)
+            ids += limits.claim_limited(bounded, limit - len(ids), driving, mine.q())
         if not ids:
             return []
         Run.objects.filter(id__in=ids).update(
@@ -138,13 +140,13 @@ def claim_many(worker_id: str, limit: int, driving: tuple[str, ...] = ()) -> lis
             waiting="",
         )
         taken = {row["id"]: row for row in Run.objects.filter(id__in=ids).values(*CLAIMED)}
-        versions = dict(
+        heads = dict(
             Thread.objects.filter(id__in=[row["thread_id"] for row in taken.values()]).values_list(
                 "id", "version"
             )
         )
         return [
-            _claimed(worker_id, ttl, (*row.values(), versions[row["thread_id"]], None))
+            _claimed(worker_id, ttl, (*row.values(), heads[row["thread_id"]], None))
             for row in (taken[run_id] for run_id in ids)
         ]
 
@@ -156,24 +158,27 @@ def _claim_postgres(
     worker_id: str,
     ttl: Any,
     limit: int,
+    mine: versions.Claimable,
     driving: tuple[str, ...] = (),
     *,
     exclude: tuple[str, ...] = (),
     ids: list[str] | None = None,
 ) -> list[Claim]:
-    """One statement: lock up to ``limit`` runnable runs (skipping locked ones), take their
-    leases, and return each with its thread's version and committed messages (so the driver
-    reads nothing before its first inference). ``exclude`` names agents whose runs are left
-    alone; ``ids`` (runs picked under their limits' lock) are the only ones taken instead of
-    the oldest."""
+    """One statement: lock up to ``limit`` runnable runs that ``mine`` allows (skipping
+    locked ones), take their leases, and return each with its thread's version and committed
+    messages (so the driver reads nothing before its first inference). ``exclude`` names
+    agents whose runs are left alone; ``ids`` (runs picked under their limits' lock) are the
+    only ones taken instead of the oldest."""
     run, thread, message = Run._meta.db_table, Thread._meta.db_table, MessageRecord._meta.db_table
     columns = ", ".join(f"m.{name}" for name in MESSAGE_COLUMNS)
     chosen = "AND NOT (agent = ANY(%s))" if ids is None else "AND id = ANY(%s)"
+    allowed, allowed_params = mine.sql()
     with db.connection.cursor() as cursor:
         cursor.execute(
             f"WITH picked AS (SELECT id FROM {run} WHERE state = 'running' AND NOT paused "
             "  AND (lease_expires_at IS NULL OR lease_expires_at < now()) "
             "  AND (wait_until IS NULL OR wait_until <= now()) "
+            f"  AND ({allowed}) "
             f"  AND NOT (id = ANY(%s)) {chosen} ORDER BY committed_at LIMIT %s "
             "  FOR UPDATE SKIP LOCKED) "
             f"UPDATE {run} AS r SET lease_owner = %s, lease_expires_at = now() + %s, "
@@ -183,7 +188,14 @@ def _claim_postgres(
             "RETURNING r.id, r.thread_id, r.lease_epoch, r.claims, r.failures, r.snapshot, "
             f"r.metadata, t.version, (SELECT coalesce(jsonb_agg(jsonb_build_array({columns}) "
             f"ORDER BY m.seq, m.idx), '[]') FROM {message} AS m WHERE m.thread_id = r.thread_id)",
-            [list(driving), list(exclude) if ids is None else ids, limit, worker_id, ttl],
+            [
+                *allowed_params,
+                list(driving),
+                list(exclude) if ids is None else ids,
+                limit,
+                worker_id,
+                ttl,
+            ],
         )
         rows = cursor.fetchall()
     return [_claimed(worker_id, ttl, row) for row in rows]
@@ -704,9 +716,13 @@ class Worker:
         return True
 
     def idle(self) -> bool:
-        """True when no run is Running at all (Awaiting, paused and Ended runs need no
-        worker)."""
-        return not Run.objects.filter(state="running", paused=False).exists()
+        """True when no run this worker may come to drive is Running (Awaiting, paused and
+        Ended runs need no worker; a run of an agent it does not carry, or under ``pinned`` of
+        a version it does not carry, waits for another worker, ``runtime.versions``). A run
+        of another version that a live worker holds back counts under ``drain``: that worker
+        may die, and this one then takes the run over."""
+        mine = versions.Claimable(versions.carried(), frozenset(), conf.agent_version_routing())
+        return not Run.objects.filter(mine.q(), state="running", paused=False).exists()
 
     # -- the synchronous entry ---------------------------------------------------------------
 

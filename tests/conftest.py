@@ -291,6 +291,25 @@ def make_calls():
 
 
 @pytest.fixture
+def deploy(settings):
+    """``deploy("v1")`` makes this process carry that version of the agent ``deploy``
+    (tests/runtime/deploy_agents; None: not at all) and returns its deployed version ("" for
+    None). The effects the versions' tools recorded in this process are cleared first."""
+    from runtime.agents import get_agent
+    from tests.runtime import deploy_agents
+
+    base = list(settings.RUNTIME_AGENTS)
+    deploy_agents.APPLIED.clear()
+
+    def to(version: str | None) -> str:
+        extra = [] if version is None else [f"tests.runtime.deploy_agents.{version}"]
+        settings.RUNTIME_AGENTS = [*base, *extra]
+        return "" if version is None else get_agent("deploy").deployed_version
+
+    return to
+
+
+@pytest.fixture
 def drive():
     """Return ``drive(build, run_id, *args, **kwargs) -> Committed``: build a commit with a
     tests.domain.drafts builder from the run's committed state and head, and write it."""

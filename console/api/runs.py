@@ -29,6 +29,8 @@ from console.api.schemas import (
     EndCauseName,
     ForkIn,
     Id,
+    MoveIn,
+    MoveOut,
     PauseIn,
     ResumeIn,
     RunIn,
@@ -37,7 +39,7 @@ from console.api.schemas import (
     RunStateName,
 )
 from console.models import OPERATE
-from runtime import db, operations
+from runtime import db, moves, operations
 from runtime.documents import snapshot
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.errors import CommittedUnread, InvalidCommit, NotFound, RuntimeFault
@@ -187,6 +189,48 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> dict[str, Any
         rows, cursor=filters.cursor, limit=filters.limit, newest_first=True
     )
     return {"items": run_summaries(page), "next_cursor": next_cursor}
+
+
+@router.post(
+    "/move",
+    response={200: MoveOut, **errors(400, 401, 403, 404, 422)},
+    auth=operate_auth,
+    summary="Move runs to the deployed version of their agent (dry run by default)",
+)
+def move_runs(request: HttpRequest, payload: MoveIn) -> dict[str, Any]:
+    """Move the runs of ``agent`` that are not ended and not on the version of it this server
+    carries to that version: with ``apply`` false (the default), a dry run that lists per
+    run what moving it changes (each call whose tool is gone or refuses its arguments is
+    completed with an error before any effect; a call whose tool declares another policy
+    keeps the pinned one) and what it does next, and writes nothing. With ``apply`` true each
+    run that can be moved gets one committed ``RunMoved`` (in Audit); a run a worker drives
+    now is left as it is, its ``refused`` says why (pause it first). 404 ``unknown_agent``
+    when the server does not carry ``agent``."""
+    if payload.apply:
+        to_version, found, moved, more = moves.move(
+            payload.agent,
+            from_version=payload.from_version,
+            run_ids=payload.run_ids,
+            limit=payload.limit,
+            actor=actor(request),
+            reason=payload.reason,
+        )
+    else:
+        to_version, found, more = moves.plan(
+            payload.agent,
+            from_version=payload.from_version,
+            run_ids=payload.run_ids,
+            limit=payload.limit,
+        )
+        moved = []
+    runs = [m.document() for m in found]
+    return {
+        "agent": payload.agent,
+        "to_version": to_version,
+        "runs": runs,
+        "moved": moved,
+        "more": more,
+    }
 
 
 @router.get(

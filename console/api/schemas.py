@@ -223,6 +223,48 @@ class PauseIn(Schema):
     reason: PauseReason = ""
 
 
+class MoveIn(Schema):
+    """Move runs of ``agent`` to the version of it the server carries (issue 34, item 3):
+    those on ``from_version`` when given, those of ``run_ids`` when given, at most ``limit``
+    (by version, then oldest first). ``apply`` false (the default) is a dry run that writes
+    nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent: AgentName
+    from_version: Annotated[str, Field(max_length=100), AfterValidator(_storable_text)] | None = (
+        None
+    )
+    run_ids: Annotated[list[Id], Field(min_length=1, max_length=1000)] | None = None
+    limit: Annotated[int, Field(ge=1, le=1000)] = 100
+    reason: PauseReason = ""
+    apply: bool = False
+
+
+class MovePlanOut(Schema):
+    """What moving one run changes: ``changes`` (a line per call it touches), ``next`` (what
+    it does next on the new version), ``refused`` (why it is not moved now, "" when it is
+    or can be)."""
+
+    run_id: str
+    agent: str
+    from_version: str
+    to_version: str
+    state: str
+    paused: bool
+    changes: list[str]
+    next: str
+    refused: str
+
+
+class MoveOut(Schema):
+    agent: str
+    to_version: str
+    runs: list[MovePlanOut]
+    moved: list[str]  # the runs this request moved (none for a dry run)
+    more: bool  # more runs match than ``limit``: send it again
+
+
 class ReconcileIn(Schema):
     model_config = ConfigDict(extra="forbid")
 

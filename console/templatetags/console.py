@@ -95,6 +95,10 @@ def event_summary(event: dict[str, Any], calls: dict[str, str] | None = None) ->
             return f"batch of step {event.get('step')} finalized"
         case "ReconciliationRecorded":
             return f"reconciled call {_call(event)}: {label(event.get('outcome'))}"
+        case "RunMoved":
+            reason = f": {event['reason']}" if event.get("reason") else ""
+            before = event.get("from_version") or "(none)"
+            return f"moved from version {before} to {event.get('to_version')}{reason}"
         case "RunForked":
             source = str(event.get("source_run_id", ""))[:8]
             return (

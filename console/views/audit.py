@@ -1,13 +1,15 @@
 """The audit page: every operator decision (approve, deny, input, cancel, reconcile, pause,
-resume, webhook changes), newest first, filterable by actor, decision, agent, run and time,
-with the notes each carried. The runtime's own answers (timer fires, child runs' ends, a
-parent's cancel of its children) are left out unless ``runtime`` asks for them.
+resume, move to another version, webhook changes), newest first, filterable by actor,
+decision, agent, run and time, with the notes each carried. The runtime's own answers (timer
+fires, child runs' ends, a parent's cancel of its children) are left out unless ``runtime``
+asks for them.
 
 Decisions come from the committed projections, never from a separate audit table: answered
 tickets (``Ticket``, their notes from the closing commit), reconciliations
 (``ReconciliationRecord``), cancellations (the ``ThreadCommit`` that ended a run
-``cancelled``), pauses and resumes (the ``ThreadCommit`` whose first event is a ``RunPaused`` or
-a ``RunResumed``, by the partial index ``commit_pause_recent``); webhook endpoint changes are
+``cancelled``), pauses, resumes and moves (the ``ThreadCommit`` whose first event is a
+``RunPaused``, a ``RunResumed`` or a ``RunMoved``, by the partial index
+``commit_operator_recent``); webhook endpoint changes are
 operational configuration, not thread truth, and come from ``WebhookChange``. Each source is
 queried with the filters and cut to one page, then merged. A decision the form does not know is
 refused (400, no entries), never read as "any decision".
@@ -29,7 +31,7 @@ from console.views.common import HtmxHttpRequest, needs, render_page
 from console.views.tickets import attach_notes
 from runtime.agents import registry
 from runtime.models import (
-    PAUSE_EVENTS,
+    OPERATOR_EVENTS,
     ReconciliationRecord,
     ThreadCommit,
     Ticket,
@@ -46,6 +48,7 @@ DECISIONS = (
     "reconcile",
     "pause",
     "resume",
+    "move",
     "webhook",
 )
 
@@ -201,31 +204,38 @@ def _cancels(data: dict[str, Any]) -> list[Entry]:
     ]
 
 
-def _pauses(data: dict[str, Any]) -> list[Entry]:
+# An operator's commit of its own, by its event: the decision and what it did.
+OPERATOR_DECISIONS = {
+    "RunPaused": ("pause", "run paused"),
+    "RunResumed": ("resume", "run resumed"),
+    "RunMoved": ("move", "run moved to another version"),
+}
+
+
+def _operator_commits(data: dict[str, Any]) -> list[Entry]:
+    """Pauses, resumes and moves: the commits whose first event is one of OPERATOR_EVENTS."""
     decision = data.get("decision")
-    if decision not in ("", None, "pause", "resume"):
+    types = [t for t, (d, _what) in OPERATOR_DECISIONS.items() if decision in ("", None, d)]
+    if not types:
         return []
-    rows = ThreadCommit.objects.filter(events__0__type__in=PAUSE_EVENTS)
+    rows = ThreadCommit.objects.filter(events__0__type__in=OPERATOR_EVENTS)
     if decision:
-        rows = rows.filter(events__0__type="RunPaused" if decision == "pause" else "RunResumed")
+        rows = rows.filter(events__0__type__in=types)
     rows = _narrowed(rows, data)
     page = _window(rows, "created_at", data).select_related("run").defer("run__snapshot")
     entries = []
     for c in page.order_by("-created_at")[:PAGE]:
         event = c.events[0]
-        paused = event.get("type") == "RunPaused"
-        reason = (event.get("ticket") or {}).get("request", {}) if paused else event
+        kind, what = OPERATOR_DECISIONS[event["type"]]
+        note = str(event.get("reason") or "")
+        if kind == "pause":
+            note = str(((event.get("ticket") or {}).get("request") or {}).get("reason") or "")
+        if kind == "move":
+            before = event["from_version"] or "(none)"
+            what = f"run moved from version {before} to {event['to_version']}"
+        run_agent = c.run.agent if c.run else ""
         entries.append(
-            Entry(
-                c.created_at,
-                c.actor,
-                "pause" if paused else "resume",
-                c.run_id or "",
-                c.run.agent if c.run else "",
-                "run paused" if paused else "run resumed",
-                str(reason.get("reason") or ""),
-                c.seq,
-            )
+            Entry(c.created_at, c.actor, kind, c.run_id or "", run_agent, what, note, c.seq)
         )
     return entries
 
@@ -274,7 +284,7 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
         _answers(data)
         + _reconciliations(data)
         + _cancels(data)
-        + _pauses(data)
+        + _operator_commits(data)
         + _webhook_changes(data),
         key=lambda e: e.at,
         reverse=True,

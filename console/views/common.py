@@ -13,6 +13,7 @@ from functools import wraps
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+from django import forms
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
@@ -89,6 +90,13 @@ def needs(permission: str, *, write: bool = False) -> Callable[[View], View]:
         return require_POST(guarded) if write else guarded
 
     return decorate
+
+
+def form_problem(form: forms.Form) -> str:
+    """A form's errors as one line ("Reason: ...")."""
+    return " ".join(
+        f"{name.capitalize()}: {error}" for name, errors in form.errors.items() for error in errors
+    )
 
 
 def actor(request: HttpRequest) -> str:

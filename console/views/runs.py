@@ -24,6 +24,7 @@ from console.models import OPERATE, READ
 from console.views.common import (
     HtmxHttpRequest,
     actor,
+    form_problem,
     needs,
     parse_cursor,
     render_page,
@@ -516,7 +517,7 @@ def _pause_or_resume(request: HtmxHttpRequest, run_id: str, act: Any, done: str)
     form = PauseForm(request.POST)
     if not form.is_valid():  # refused, nothing written: the form says why
         context = run_page_context(run_id)
-        context.update(pause_error=_form_problem(form))
+        context.update(pause_error=form_problem(form))
         return render_page(request, "console/run.html", context, status=400)
     try:
         act(run_id, actor=actor(request), reason=form.cleaned_data["reason"])
@@ -531,13 +532,6 @@ def _pause_or_resume(request: HtmxHttpRequest, run_id: str, act: Any, done: str)
         return render_page(request, "console/run.html", context, status=exc.status)
     messages.success(request, done)
     return redirect("console:run", run_id=run_id)
-
-
-def _form_problem(form: PauseForm) -> str:
-    """The pause form's errors as one line ("Reason: ...")."""
-    return " ".join(
-        f"{name.capitalize()}: {error}" for name, errors in form.errors.items() for error in errors
-    )
 
 
 @needs(OPERATE)
@@ -656,7 +650,7 @@ def bulk_pause(request: HtmxHttpRequest) -> HttpResponse:
         return render_page(request, "console/bulk_pause.html", context)
     reason_form = PauseForm(request.POST)
     if not reason_form.is_valid():  # refused before any run is touched: the page says why
-        context.update(reason=request.POST.get("reason", ""), error=_form_problem(reason_form))
+        context.update(reason=request.POST.get("reason", ""), error=form_problem(reason_form))
         return render_page(request, "console/bulk_pause.html", context, status=400)
     reason = reason_form.cleaned_data["reason"]
     act = operations.resume_run if action == "resume" else operations.pause

@@ -6,7 +6,17 @@ from django.contrib.auth import views as auth_views
 from django.urls import path, register_converter
 
 from console import health
-from console.views import audit, reconcile, runs, tabs, tickets, tokens, webhooks, workers
+from console.views import (
+    audit,
+    moves,
+    reconcile,
+    runs,
+    tabs,
+    tickets,
+    tokens,
+    webhooks,
+    workers,
+)
 from runtime.untrusted import ID_PATTERN
 
 app_name = "console"
@@ -40,6 +50,7 @@ urlpatterns = [
     path("runs/new/", runs.start_run, name="start"),
     path("runs/cancel/", runs.bulk_cancel, name="bulk_cancel"),
     path("runs/pause/", runs.bulk_pause, name="bulk_pause"),
+    path("runs/move/", moves.move_runs, name="move"),
     path("runs/<id:run_id>/", runs.run_detail, name="run"),
     path("runs/<id:run_id>/cancel/", runs.cancel_run, name="cancel"),
     path("runs/<id:run_id>/pause/", runs.pause_run, name="pause"),

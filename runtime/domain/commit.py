@@ -25,6 +25,7 @@ from runtime.domain.events import (
     ReconciliationRecorded,
     RunActivated,
     RunForked,
+    RunMoved,
     RunPaused,
     RunResumed,
     StateStaged,
@@ -71,12 +72,20 @@ from runtime.errors import (
 RECONCILIATION_OUTCOMES = ("applied", "not_applied", "unknown")
 # What may happen to an Awaiting run: a validated resume, or sealing when it ends, or an
 # operator's pause or resume.
-AWAITING_EVENTS = (CallResumed, CallIndeterminate, BatchFinalized, RunPaused, RunResumed)
+AWAITING_EVENTS = (
+    CallResumed,
+    CallIndeterminate,
+    BatchFinalized,
+    RunPaused,
+    RunResumed,
+    RunMoved,
+)
 # What starts something new: refused while the run is paused (README, "Pause"). A result of a
 # call whose effect started, an answer to an open ticket, and the sealing of an ending run
 # are still committed.
 STARTING_EVENTS = (StepCommitted, BatchOpened, CallExecuting, CallAwaiting, ChildStarted, RunForked)
-PAUSE_EVENTS = (RunPaused, RunResumed)
+# An operator's commit of its own that keeps the run's disposition: a pause, a resume, a move.
+OPERATOR_EVENTS = (RunPaused, RunResumed, RunMoved)
 # The longest reason a pause or a resume records, on every surface (API, console, CLI).
 PAUSE_REASON_MAX = 500
 
@@ -201,6 +210,14 @@ def _apply_event(run: RunView, event: Event) -> RunView:  # noqa: C901 - one bra
             return _pause(run, ticket)
         case RunResumed(ticket_id=ticket_id):
             return _unpause(run, ticket_id)
+        case RunMoved(from_version=from_version, to_version=to_version):
+            if from_version != run.agent_version:
+                raise InvalidCommit(
+                    f"the run is on version {run.agent_version!r}, not {from_version!r}"
+                )
+            if not to_version or to_version == from_version:
+                raise InvalidCommit("a run moves to another, named version")
+            return replace(run, agent_version=to_version)
         case RunActivated() | ReconciliationRecorded():
             raise InvalidCommit(f"{type(event).__name__} cannot appear here")
     raise InvalidCommit(f"unknown event {event!r}")
@@ -500,10 +517,10 @@ def _apply_disposition(  # noqa: C901 - one rule per edge
 ) -> RunView:
     """``resumed``: the ticket the run waited on was consumed by this commit; ``delivered``:
     a delegation ticket the run did not wait on was (DESIGN.md departure: delegation waits);
-    ``pausing``: the commit pauses or resumes the run, which keeps its disposition."""
+    ``pausing``: the commit pauses, resumes or moves the run, which keeps its disposition."""
     to = disposition.state
     if pausing and (to is not before or disposition.ticket != run.ticket):
-        raise _refuse_run(before, to, "a pause or resume keeps the run's disposition")
+        raise _refuse_run(before, to, "a pause, a resume or a move keeps the run's disposition")
     if run.pause is not None and before is RunState.RUNNING and to is RunState.AWAITING:
         raise RunIsPaused(
             f"run {run.run_id} is paused: it does not park on a ticket", ticket_id=run.pause.id
@@ -588,6 +605,7 @@ def apply_commit(
             run_id=draft.run_id,
             thread_id=head.thread_id,
             agent=event.agent,
+            agent_version=event.agent_version,
             parent_run_id=event.parent_run_id,
             parent_call_id=event.parent_call_id,
             depth=event.depth,
@@ -615,9 +633,9 @@ def apply_commit(
     draft.disposition.validate()
     held = run.ticket
     delivered = False
-    pausing = any(isinstance(e, PAUSE_EVENTS) for e in events)
+    pausing = any(isinstance(e, OPERATOR_EVENTS) for e in events)
     if pausing and (len(events) != 1 or draft.messages):
-        raise InvalidCommit("a pause or resume is a commit of its own")
+        raise InvalidCommit("a pause, a resume or a move is a commit of its own")
     for event in events:
         if before is RunState.AWAITING and not isinstance(event, AWAITING_EVENTS):
             raise _refuse_run(

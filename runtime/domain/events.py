@@ -154,6 +154,17 @@ class RunResumed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunMoved:
+    """An operator moved the run to another deployed version of its agent (issue 34, item 3),
+    after a dry run: from now on workers of ``to_version`` drive it. Its committed calls keep
+    what was pinned when they were requested."""
+
+    from_version: str
+    to_version: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReconciliationRecorded:
     """An operator recorded what the downstream system says of an Indeterminate call."""
 
@@ -178,5 +189,6 @@ Event = (
     | RunForked
     | RunPaused
     | RunResumed
+    | RunMoved
     | ReconciliationRecorded
 )

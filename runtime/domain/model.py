@@ -300,6 +300,7 @@ class RunView:
     # ``resume`` consumes it. The disposition stays what the loop left (Running, or Awaiting
     # its own ticket, which stays answerable).
     pause: ResumeTicket | None = None
+    agent_version: str = ""  # its agent's deployed version it started with (RunActivated)
 
     @property
     def paused(self) -> bool:

@@ -171,13 +171,16 @@ def body(
     url: str | None,
 ) -> dict[str, JSON]:
     """The JSON body of one event, in Standard Webhooks' shape ``{"type", "timestamp",
-    "data"}``. ``data`` holds the run's ids and console link (``url``), the commit (``seq``,
-    ``actor``, ``committed_at`` = ``at``, ISO 8601 UTC) and the event's committed facts."""
+    "data"}``. ``data`` holds the run's ids, agent and the agent's version it started with
+    (``agent_version``, "" before versions were recorded) and console link (``url``), the
+    commit (``seq``, ``actor``, ``committed_at`` = ``at``, ISO 8601 UTC) and the event's
+    committed facts."""
     data: dict[str, JSON] = {
         "id": message,
         "run_id": run.run_id if run else None,
         "thread_id": thread_id,
         "agent": run.agent if run else None,
+        "agent_version": run.agent_version if run else None,
         "url": url,
         "seq": seq,
         "actor": actor,

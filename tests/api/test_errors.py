@@ -86,6 +86,7 @@ def test_the_openapi_schema_is_served_without_a_token():
         ("GET", "/api/v1/threads/{thread_id}"),
         ("POST", "/api/v1/threads/{thread_id}/runs"),
         ("POST", "/api/v1/runs"),
+        ("POST", "/api/v1/runs/move"),
         ("GET", "/api/v1/runs"),
         ("GET", "/api/v1/runs/{run_id}"),
         ("GET", "/api/v1/runs/{run_id}/commits"),

@@ -12,7 +12,6 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from runtime import fsck, operations
-from runtime.agents import get_agent
 from runtime.demo.agent import demo
 from runtime.documents import run_document
 from runtime.models import Run, ThreadCommit
@@ -40,17 +39,6 @@ def test_a_version_is_its_authors_or_a_digest_of_what_changes_behaviour():
         )
     }
     assert len(versions) == 6  # each change a deploy makes is a new version
-
-
-@pytest.fixture
-def deploy(settings):
-    base = list(settings.RUNTIME_AGENTS)
-
-    def to(version: str) -> str:
-        settings.RUNTIME_AGENTS = [*base, f"tests.runtime.deploy_agents.{version}"]
-        return get_agent("deploy").deployed_version
-
-    return to
 
 
 def test_runs_and_commits_record_the_versions_that_started_and_drove_them(
@@ -96,4 +84,38 @@ def test_a_fork_copies_the_versions_and_fsck_checks_them(deploy, start, work_inl
     assert Run.objects.get(id=fork).agent_version == one
     copied = ThreadCommit.objects.filter(run_id=fork).exclude(agent_version="")
     assert copied.exists()  # the worker's answer, copied with the version that wrote it
+    assert fsck.check() == []
+
+
+def test_webhook_bodies_carry_the_version_the_run_started_with(
+    deploy, start, work_inline, settings
+):
+    from runtime import webhooks
+    from runtime.models import WebhookDelivery
+
+    settings.RUNTIME_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+    webhooks.create_endpoint(url="http://127.0.0.1:9/hook", events=["run.ended"])
+    one = deploy("v1")
+    run_id = start(text_step("hello"), agent="deploy")
+    work_inline()
+    ended = WebhookDelivery.objects.filter(run_id=run_id, kind="run.ended")
+    assert ended.exists()
+    assert {d.payload["data"]["agent_version"] for d in ended} == {one}
+
+
+def test_a_snapshot_from_before_views_held_the_version_takes_it_from_the_run_row(
+    deploy, start, work_inline
+):
+    """Runs in flight across the upgrade: their stored snapshots lack ``agent_version``;
+    fsck does not call that wrong, and the next commit writes the row's version into it."""
+    one = deploy("v1")
+    run_id = start(tool_step(("refund", {"order": "o-1"})), text_step("told"), agent="deploy")
+    work_inline()  # awaiting the approval
+    row = Run.objects.get(id=run_id)
+    del row.snapshot["agent_version"]  # as written before this release
+    Run.objects.filter(id=run_id).update(snapshot=row.snapshot)
+    assert fsck.check() == []
+    _approve(run_id)
+    work_inline()
+    assert Run.objects.get(id=run_id).snapshot["agent_version"] == one
     assert fsck.check() == []

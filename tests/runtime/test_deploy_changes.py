@@ -26,16 +26,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def deploy(settings):
-    """``deploy("v2")`` makes the agent ``deploy`` that version (tests/runtime/deploy_agents)."""
-    base = list(settings.RUNTIME_AGENTS)
-
-    def to(version: str) -> None:
-        settings.RUNTIME_AGENTS = [*base, f"tests.runtime.deploy_agents.{version}"]
-
-    deploy_agents.APPLIED.clear()
-    to("v1")
-    return to
+def deploy(deploy):
+    """The shared ``deploy`` (tests/conftest.py), with version 1 deployed first."""
+    deploy("v1")
+    return deploy
 
 
 @pytest.fixture

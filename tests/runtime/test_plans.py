@@ -103,6 +103,8 @@ PAGES: list[Any] = [
     ("audit, pauses", "/audit/?decision=pause"),
     ("audit, webhook changes", "/audit/?decision=webhook"),
     ("workers", "/workers/"),
+    ("move runs", "/runs/move/"),
+    ("move runs, dry run", "/runs/move/?agent=demo"),
     ("reconcile queue", "/reconcile/"),
     ("api runs", "/api/v1/runs"),
     ("api runs, deep cursor", "/api/v1/runs?cursor={deep_run}"),

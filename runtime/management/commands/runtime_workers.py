@@ -1,9 +1,10 @@
 """``manage.py runtime_workers [--json] [--stale]``: the registered workers.
 
-One line per worker: id, status (live | stale | stopped), host, pid, version, last heartbeat
-age and the runs it holds; ``--json`` prints ``{"workers": [{"id", "status", "host", "pid",
-"concurrency", "version", "started_at", "heartbeat_at", "stopped_at", "runs"}],
-"stale_after_seconds"}``. ``--stale`` lists only stale workers.
+One line per worker: id, status (live | stale | stopped), host, pid, version, the agents'
+versions it carries, last heartbeat age and the runs it holds; ``--json`` prints
+``{"workers": [{"id", "status", "host", "pid", "concurrency", "version", "agents",
+"started_at", "heartbeat_at", "stopped_at", "runs"}], "stale_after_seconds"}``. ``--stale``
+lists only stale workers.
 
 ``--forget-stale`` deletes the rows of stale workers that hold no run (a crash whose runs
 were taken over), whatever their age, and prints ``forgot <id>`` for each and ``kept <id>:
@@ -39,6 +40,7 @@ def worker_documents(stale_only: bool = False) -> list[dict[str, Any]]:
             "pid": row.worker.pid,
             "concurrency": row.worker.concurrency,
             "version": row.worker.version,
+            "agents": row.worker.agents,
             "started_at": _iso(row.worker.started_at),
             "heartbeat_at": _iso(row.worker.heartbeat_at),
             "heartbeat_age_seconds": round((now - row.worker.heartbeat_at).total_seconds(), 1),
@@ -76,7 +78,8 @@ class Command(RuntimeCommand):
             runs = ",".join(d["runs"]) or "-"
             self.stdout.write(
                 f"{d['id']}  {d['status'].upper():7}  host={d['host']} pid={d['pid']} "
-                f"version={d['version'] or '-'} heartbeat={d['heartbeat_age_seconds']}s ago "
+                f"version={d['version'] or '-'} agents={_agents(d['agents'])} "
+                f"heartbeat={d['heartbeat_age_seconds']}s ago "
                 f"runs={runs}"
             )
         stale = sum(d["status"] == "stale" for d in documents)
@@ -89,3 +92,8 @@ class Command(RuntimeCommand):
             self.stdout.write(f"forgot {worker_id}")
         for d in worker_documents(stale_only=True):  # what is left holds runs
             self.stdout.write(f"kept {d['id']}: holds {','.join(d['runs'])}")
+
+
+def _agents(agents: dict[str, str]) -> str:
+    """``name@version,...`` of the agents a worker carries ("-" for none)."""
+    return ",".join(f"{name}@{version}" for name, version in sorted(agents.items())) or "-"
