@@ -21,7 +21,7 @@ from django import forms
 from runtime.agents import registry
 from runtime.domain.commit import PAUSE_REASON_MAX
 from runtime.domain.webhooks import SUBSCRIBABLE
-from runtime.operations import reconciliation_problem
+from runtime.operations import VERSION_MAX, reconciliation_problem
 from runtime.untrusted import UntrustedJSONError, parse_json
 
 # Example scripts for the scripted demo agent. A response without tool calls ends the run, so
@@ -231,6 +231,15 @@ class PauseForm(forms.Form):
     """Pause or resume a run: the reason is recorded with the committed fact."""
 
     reason = forms.CharField(required=False, max_length=500)
+
+
+class MoveForm(forms.Form):
+    """Move runs of ``agent`` (those on ``from_version`` when given) to the version of it
+    the server carries; the reason is recorded with each committed move."""
+
+    agent = forms.CharField(max_length=100)
+    from_version = forms.CharField(required=False, max_length=VERSION_MAX)
+    reason = forms.CharField(required=False, max_length=PAUSE_REASON_MAX)
 
 
 class ReconcileForm(forms.Form):

@@ -455,6 +455,8 @@ RUNTIME_TOOL_SOURCES = env_json_mapping("RUNTIME_TOOL_SOURCES")
 RUNTIME_LEASE_SECONDS = env_number("RUNTIME_LEASE_SECONDS", None, **UNBOUNDED)
 # Unset: a third of the lease (runtime.conf), so that setting the lease alone keeps the rule.
 RUNTIME_HEARTBEAT_SECONDS = env_number("RUNTIME_HEARTBEAT_SECONDS", None, **UNBOUNDED)
+# A run of a version no live worker carries: "drain" or "pinned" (docs/agent-changes.md).
+RUNTIME_AGENT_VERSION_ROUTING = os.environ.get("RUNTIME_AGENT_VERSION_ROUTING", "drain")
 # Silent worker rows holding no run are deleted after this long (0: never; runtime.registry).
 RUNTIME_WORKER_FORGET_SECONDS = env_number("RUNTIME_WORKER_FORGET_SECONDS", None, **UNBOUNDED)
 RUNTIME_POISON_CLAIMS = env_number("RUNTIME_POISON_CLAIMS", None, **UNBOUNDED_INT)

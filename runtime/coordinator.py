@@ -333,6 +333,9 @@ class _Writes:
     run_insert: _Row | None = None
     run_update: dict[str, Any] | None = None  # column values of an existing run
     run_version: int = 0  # the version the existing run must still have
+    # A move to another version: written only while no worker holds the run's lease, judged
+    # in the write itself, so that no claim slips in between the check and the commit.
+    unleased: bool = False
     messages: list[_Row] = field(default_factory=list)
     calls: list[_Row] = field(default_factory=list)  # inserted or updated
     ticket_closes: list[dict[str, Any]] = field(default_factory=list)
@@ -493,6 +496,7 @@ def _plan_run(
         fields.update(lease_owner=None, lease_expires_at=None)
     if any(isinstance(e, RunMoved) for e in draft.events):  # the workers that may claim it
         fields["agent_version"] = run.agent_version
+        writes.unleased = True
     if before is None:
         activation = draft.events[0]
         metadata = getattr(activation, "metadata", None) or {}
@@ -685,11 +689,16 @@ def _write_each(w: _Writes) -> bool:
 def _update_run_each(cursor: Any, w: _Writes) -> bool:
     assert w.run_update is not None
     fields = dict(w.run_update)
-    where, params = "id = %s AND version = %s", [w.run_id, w.run_version]
+    where = "id = %s AND version = %s"
+    params: list[Any] = [w.run_id, w.run_version]
     if w.lease is not None:  # fence: only the lease holder of this epoch may write
         where += " AND lease_owner = %s AND lease_epoch = %s"
         params += [w.lease.worker_id, w.lease.epoch]
         fields.setdefault("lease_expires_at", timezone.now() + w.lease.ttl)  # and a heartbeat
+    if w.unleased:
+        where += " AND (lease_expires_at IS NULL OR lease_expires_at <= %s)"
+        expires = _fields_by_name(Run)["lease_expires_at"]
+        params.append(expires.get_db_prep_value(timezone.now(), db.wrapper()))
     return _update_each(cursor, Run, fields, where, params) == 1
 
 
@@ -815,17 +824,19 @@ def _statement(w: _Writes) -> tuple[str, dict[str, Any]]:
 def _update_run_sql(w: _Writes) -> str:
     assert w.run_update is not None
     columns = tuple(_column_values(Run, w.run_update))
-    return _run_update_sql(columns, w.lease is not None)
+    return _run_update_sql(columns, w.lease is not None, w.unleased)
 
 
 @cache
-def _run_update_sql(columns: tuple[str, ...], fenced: bool) -> str:
+def _run_update_sql(columns: tuple[str, ...], fenced: bool, unleased: bool) -> str:
     run = _table(Run)
     fence = renew = ""
     if fenced:
         fence = " AND r.lease_owner = %(owner)s AND r.lease_epoch = %(epoch)s"
         if "lease_expires_at" not in columns:  # a commit is also a heartbeat, on the db clock
             renew = ", lease_expires_at = now() + make_interval(secs => %(ttl)s)"
+    if unleased:
+        fence += " AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now())"
     return (
         f"UPDATE {run} AS r SET ({_names(columns)}) = "
         f"(SELECT {_names(columns, 'x')} FROM jsonb_populate_record(NULL::{run}, %(run)s::jsonb)"

@@ -27,6 +27,7 @@ RUN_SUMMARY_FIELDS = (
     "id",
     "thread_id",
     "agent",
+    "agent_version",
     "state",
     "end_cause",
     "version",

@@ -197,8 +197,9 @@ def why_waiting(run: Run) -> str:
     but a free worker): the model budget it was released to wait for, no live worker that
     may drive its agent's version ("waiting for a worker with version X of agent Y",
     ``runtime.versions``), or its agent's or its key's slots all held ("waiting for a slot:
-    agent X, 5 of 5 running")."""
-    if run.state != "running":
+    agent X, 5 of 5 running"). A paused run waits for its resume, which its pause line says:
+    "" for it."""
+    if run.state != "running" or run.paused:
         return ""
     now = timezone.now()
     if run.lease_expires_at is not None and run.lease_expires_at >= now:

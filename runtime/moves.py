@@ -76,7 +76,7 @@ def plan(
     definition = get_agent(agent)
     to_version = definition.deployed_version
     if from_version is None:
-        wanted = [v for a, v in versions.open_versions() if a == agent and v != to_version]
+        wanted = [v for _, v in versions.open_versions(agent) if v != to_version]
     else:
         wanted = [from_version] if from_version != to_version else []
     # A live lease is judged by the database's clock, as every lease is (runtime.db).
@@ -171,6 +171,11 @@ def _change(agent: Agent, call: ToolCall) -> str:
             return (
                 f"{_label(call)}: {ready}; its effect may have started, so its pinned policy"
                 f" {call.policy.value} recovers it (a once effect becomes Indeterminate)"
+            )
+        if call.phase is CallPhase.AWAITING:  # its ticket stays open: answer it, or deny it
+            return (
+                f"{_label(call)}: its ticket stays open; once answered, the call is completed"
+                f" as an error before any effect: Not run: {ready}"
             )
         return f"{_label(call)}: completed as an error before any effect: Not run: {ready}"
     tool = ready[0]

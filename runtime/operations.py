@@ -732,10 +732,11 @@ def move_run(
     move changes for the run (issue 34, item 3).
 
     Raises NotFound; MoveRefused when the run ended, when a worker holds its lease now (pause
-    it first: its worker lets it go at its next boundary), or when it is not on
-    ``from_version``; InvalidCommit for a reason or a version no surface may record;
-    IdempotencyKeyReused. Nothing is written on refusal. A run already on ``to_version`` is
-    answered with its document and nothing is written (the same move sent again).
+    it first: its worker lets it go at its next boundary; judged again in the commit's own
+    write), when it is already on ``to_version`` (another operator moved it: a move is
+    written once), or when it is on another version than ``from_version``; InvalidCommit for
+    a reason or a version no surface may record; IdempotencyKeyReused. Nothing is written on
+    refusal; the same move sent again with its ``idempotency_key`` gets the first answer.
     Raises CommittedUnread when the move was committed but the run could not be read.
     """
     _require_id(run_id, "run")
@@ -750,8 +751,10 @@ def move_run(
     def build(run: RunView) -> CommitDraft | None:
         if run.state is RunState.ENDED:
             raise MoveRefused("the run ended: an ended run is not moved", end_cause=run.end_cause)
-        if run.agent_version == to_version:
-            return None
+        if run.agent_version == to_version:  # another operator's move, or this one sent again
+            raise MoveRefused(
+                f"the run is already on version {to_version!r}", agent_version=to_version
+            )
         if run.agent_version != from_version:
             raise MoveRefused(
                 f"the run is on version {run.agent_version!r}, not {from_version!r}",

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from django.utils import timezone
 
-from runtime import conf
+from runtime import conf, versions
 from runtime.models import Run, ThreadCommit, Ticket, WorkerProcess
 
 HolderStatus = Literal["owned", "owner_silent", "lease_expired", "unclaimed"]
@@ -47,6 +47,7 @@ class Holder:
     lease_expires_at: datetime | None
     takeover_at: datetime | None
     live_workers: int
+    unserved: str = ""  # why no live worker may drive its agent's version (runtime.versions)
 
     @property
     def alive(self) -> bool:
@@ -57,6 +58,8 @@ class Holder:
         """One line an operator reads on the runs list."""
         if self.status == "owned":
             return f"worker {self.owner}"
+        if self.unserved:  # nobody takes it over until such a worker runs
+            return self.unserved
         if self.live_workers == 0:
             return "no live worker: nobody will take it over until a worker runs"
         when = self.takeover_at.strftime("%H:%M:%S UTC") if self.takeover_at else "now"
@@ -70,8 +73,8 @@ def _live_workers(now: datetime) -> int:
 
 def holders(runs: Iterable[Run], now: datetime | None = None) -> dict[str, Holder]:
     """``{run id: Holder}`` for the Running runs among ``runs`` that are not paused (others
-    are left out: a paused run waits for an operator, not a worker): two queries whatever
-    the number of runs (their owners' rows, and the live workers)."""
+    are left out: a paused run waits for an operator, not a worker): three queries whatever
+    the number of runs (their owners' rows, the live workers, the versions they carry)."""
     now = now or timezone.now()
     running = [r for r in runs if r.state == "running" and not r.paused]
     if not running:
@@ -81,6 +84,7 @@ def holders(runs: Iterable[Run], now: datetime | None = None) -> dict[str, Holde
         w.id: w for w in WorkerProcess.objects.filter(id__in=owners)
     }  # a handful: the owners of one page of runs
     live = _live_workers(now)
+    unserved = versions.reasons(running)
     found: dict[str, Holder] = {}
     silent = now - heartbeat_overdue()
     for run in running:
@@ -103,6 +107,7 @@ def holders(runs: Iterable[Run], now: datetime | None = None) -> dict[str, Holde
             lease_expires_at=expires,
             takeover_at=takeover,
             live_workers=live,
+            unserved=unserved.get(run.id, ""),
         )
     return found
 
@@ -115,8 +120,9 @@ class Waiting:
     """What a run waits on, since when, in words; and its pending call, when it has one.
 
     ``on``: "resume" (an operator paused it), "ticket" (an approval, an input, a timer, a
-    child), "call" (a call is executing or next to run), "limit" (a slot of a run or model
-    limit, README "Limits"), "model" (the next inference), "children" (calls awaiting child
+    child), "call" (a call is executing or next to run), "limit" (held back: a slot of a run
+    or model limit, README "Limits", a model's budget, or no live worker that may drive its
+    agent's version), "model" (the next inference), "children" (calls awaiting child
     runs), or "nothing" (ended). ``since`` is the committed moment the wait began. ``call`` is the
     first call of the open batch that is not terminal: {"call_id", "index", "name", "phase",
     "attempt", "max_attempts", "started_at"} (``started_at``: its latest attempt's commit).
@@ -200,16 +206,17 @@ def waiting(doc: dict[str, Any], commits: Sequence[ThreadCommit]) -> Waiting:
             "delegation": f"child run {ticket['request'].get('child_run_id', '?')} of {named}",
         }.get(kind, f"its {kind} ticket")
         return Waiting(on="ticket", what=what, since=opened.first() or last, call=call)
+    if doc.get("waiting"):  # held back (a limit, a model's budget, no worker of its version)
+        return Waiting(on="limit", what=doc["waiting"].removeprefix("waiting for "), since=last)
     if call is not None:
         if call["phase"] == "executing":
             what = f"call #{call['index']} {call['name']} (attempt {call['attempt']}) to finish"
             return Waiting(on="call", what=what, since=call["started_at"] or last, call=call)
-        if call["phase"] == "awaiting":
+        children = {t["call_id"] for t in doc["tickets"] if t["kind"] == "delegation"}
+        if call["phase"] == "awaiting" and call["call_id"] in children:
             return Waiting(on="children", what="its child runs to end", since=last, call=call)
         what = f"a worker to start call #{call['index']} {call['name']}"
         return Waiting(on="call", what=what, since=last, call=call)
-    if doc.get("waiting"):  # held back by a limit (runtime.limits): no model was asked yet
-        return Waiting(on="limit", what=doc["waiting"], since=last)
     return Waiting(on="model", what=f"the model's answer for step {doc['step'] + 1}", since=last)
 
 

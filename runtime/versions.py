@@ -6,9 +6,9 @@ the runs ``runtime.domain.versions.claimable`` allows, as an ORM filter (``Claim
 or as SQL for the PostgreSQL claim statement (``Claimable.sql``). A run no live worker may
 drive says why (``no_worker``) in "why is it not moving", the API and a metric.
 
-A worker is live here while its heartbeat is fresh (``stuck.heartbeat_overdue``) and it has not
-said it stopped: a killed worker's version stops holding its runs back as soon as its runs'
-leases could be taken over.
+A worker is live here as on the Workers page: it has not said it stopped and it was heard from
+within two lease periods (``inventory.stale_after``). A killed worker's version stops holding
+its runs back then.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from runtime import conf, stuck
+from runtime import conf, inventory
 from runtime.agents import registry
 from runtime.db import connection
 from runtime.domain.model import RunState
@@ -42,8 +42,9 @@ def carried() -> dict[str, str]:
 
 def fleet() -> set[Pair]:
     """The (agent, version) pairs the live workers carry (every registration read; there
-    are few)."""
-    since = timezone.now() - stuck.heartbeat_overdue()
+    are few). Live as the Workers page, ``runtime_workers`` and the metric say: not stopped,
+    and heard from within ``inventory.stale_after()`` (two lease periods)."""
+    since = timezone.now() - inventory.stale_after()
     rows = WorkerProcess.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=since)
     return {
         (str(name), str(version))
@@ -95,18 +96,35 @@ class Claimable:
 
 def no_worker(run: Run) -> str:
     """Why no live worker may drive the Running ``run`` ("" when one may)."""
-    return no_worker_reason(run.agent, run.agent_version, fleet(), conf.agent_version_routing())
+    return reasons([run]).get(run.id, "")
 
 
-def open_versions() -> list[Pair]:
-    """The (agent, version) pairs the runs not ended are on, sorted, at most VERSIONS_MAX.
+def reasons(runs: Iterable[Run]) -> dict[str, str]:
+    """``{run id: why no live worker may drive it}`` for the Running, unpaused ``runs`` that
+    no live worker may drive (a page of runs): one read of the registrations for them all."""
+    running = [r for r in runs if r.state == "running" and not r.paused]
+    if not running:
+        return {}
+    live, routing = fleet(), conf.agent_version_routing()
+    found = {r.id: no_worker_reason(r.agent, r.agent_version, live, routing) for r in running}
+    return {run_id: reason for run_id, reason in found.items() if reason}
+
+
+def open_versions(agent: str | None = None) -> list[Pair]:
+    """The (agent, version) pairs the runs not ended are on (of ``agent`` alone when given),
+    sorted, at most VERSIONS_MAX.
 
     On PostgreSQL a loose scan of index run_open_version: one index probe per pair, never a
     read of every run in flight. On SQLite (the embedded database's sizes) a DISTINCT."""
     if connection.vendor != "postgresql":
-        rows = Run.objects.filter(state__in=OPEN).values_list("agent", "agent_version")
-        return list(rows.distinct().order_by("agent", "agent_version")[:VERSIONS_MAX])
-    table, probe = Run._meta.db_table, "state IN (%s, %s)"
+        rows = Run.objects.filter(state__in=OPEN)
+        if agent is not None:
+            rows = rows.filter(agent=agent)
+        pairs = rows.values_list("agent", "agent_version").distinct()
+        return list(pairs.order_by("agent", "agent_version")[:VERSIONS_MAX])
+    table, probe, params = Run._meta.db_table, "state IN (%s, %s)", list(OPEN)
+    if agent is not None:
+        probe, params = f"{probe} AND agent = %s", [*params, agent]
     sql = f"""
         WITH RECURSIVE pairs AS (
             (SELECT agent, agent_version FROM {table} WHERE {probe}
@@ -120,7 +138,7 @@ def open_versions() -> list[Pair]:
         )
         SELECT agent, agent_version FROM pairs LIMIT %s"""
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*OPEN, *OPEN, VERSIONS_MAX])
+        cursor.execute(sql, [*params, *params, VERSIONS_MAX])
         return [(agent, version) for agent, version in cursor.fetchall()]
 
 

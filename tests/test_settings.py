@@ -342,6 +342,24 @@ def test_an_agent_that_cannot_load_fails_the_check(tmp_path, env, said):
     assert "Traceback" not in done.stderr
 
 
+def test_the_version_routing_comes_from_the_environment(tmp_path):
+    """RUNTIME_AGENT_VERSION_ROUTING set in the environment reaches runtime.conf: a value it
+    does not know stops the check with the choices (issue 34)."""
+    done = manage_py("check", RUNTIME_VAR_DIR=str(tmp_path), RUNTIME_AGENT_VERSION_ROUTING="pinnd")
+    assert done.returncode == 1
+    assert "(runtime.E004) RUNTIME_AGENT_VERSION_ROUTING must be one of drain, pinned" in (
+        done.stderr
+    )
+    pinned = manage_py(
+        "shell",
+        "-c",
+        "from runtime import conf; print(conf.agent_version_routing())",
+        RUNTIME_VAR_DIR=str(tmp_path),
+        RUNTIME_AGENT_VERSION_ROUTING="pinned",
+    )
+    assert pinned.stdout.splitlines()[-1] == "pinned", pinned.stderr
+
+
 def test_a_worker_runs_the_runtimes_checks_alone(tmp_path):
     """runtime_worker runs the runtime's own checks (runtime.checks.TAG) before it claims:
     an agent that cannot load stops it before it claims anything."""

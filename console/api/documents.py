@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from runtime import versions
 from runtime.documents import RUN_SUMMARY_FIELDS, held_back, input_lines, run_document
 from runtime.models import Run, ThreadCommit
 
@@ -25,14 +26,17 @@ def run_summaries(runs: Sequence[Run]) -> list[dict[str, Any]]:
     """The summaries of a page of runs, read with RUN_SUMMARY_FIELDS: one more query for
     their input lines (``runtime.documents.input_lines``)."""
     inputs = input_lines([run.id for run in runs])
-    return [run_summary(run, inputs.get(run.id, "")) for run in runs]
+    unserved = versions.reasons(runs)
+    return [run_summary(run, inputs.get(run.id, ""), unserved.get(run.id)) for run in runs]
 
 
-def run_summary(run: Run, input_line: str) -> dict[str, Any]:
+def run_summary(run: Run, input_line: str, unserved: str | None = None) -> dict[str, Any]:
+    """``unserved``: why no live worker may drive it (``runtime.versions.reasons``)."""
     return {
         "id": run.id,
         "thread_id": run.thread_id,
         "agent": run.agent,
+        "agent_version": run.agent_version,
         "state": run.state,
         "end_cause": run.end_cause,
         "version": run.version,
@@ -42,7 +46,7 @@ def run_summary(run: Run, input_line: str) -> dict[str, Any]:
         "committed_at": run.committed_at.isoformat() if run.committed_at else None,
         "paused": run.paused,
         "input": input_line,
-        "waiting": held_back(run),
+        "waiting": held_back(run) or unserved,
     }
 
 

@@ -11,7 +11,16 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictInt,
+    Tag,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from runtime.domain.commit import PAUSE_REASON_MAX
@@ -236,9 +245,9 @@ class MoveIn(Schema):
         None
     )
     run_ids: Annotated[list[Id], Field(min_length=1, max_length=1000)] | None = None
-    limit: Annotated[int, Field(ge=1, le=1000)] = 100
+    limit: Annotated[StrictInt, Field(ge=1, le=1000)] = 100
     reason: PauseReason = ""
-    apply: bool = False
+    apply: StrictBool = False  # a string such as "yes" is refused, never read as true
 
 
 class MovePlanOut(Schema):
@@ -449,6 +458,7 @@ class RunSummaryOut(Schema):
     id: str
     thread_id: str
     agent: str
+    agent_version: str = Field("", description="the version of its agent it is on")
     state: RunStateName
     end_cause: EndCauseName | None = None
     version: int
@@ -463,7 +473,8 @@ class RunSummaryOut(Schema):
     waiting: str | None = Field(
         None,
         description="why a Running run no worker holds waits (a model's budget, a model "
-        "outage), until its next try; the run document also names a limit's held slots",
+        "outage, until its next try; no live worker that may drive its agent's version); the "
+        "run document also names a limit's held slots",
     )
 
 

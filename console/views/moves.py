@@ -11,7 +11,7 @@ from django.http import HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
-from console.forms import PauseForm
+from console.forms import MoveForm
 from console.models import OPERATE
 from console.views.common import HtmxHttpRequest, actor, form_problem, needs, render_page
 from runtime import moves, versions
@@ -25,14 +25,17 @@ def move_runs(request: HtmxHttpRequest) -> HttpResponse:
     """GET: the versions of each agent that runs not ended are on, and with ``agent`` (and
     ``from_version``) the dry run of moving those runs to the version this server carries;
     nothing is written. POST: move the runs the dry run listed (``run``, repeated) with a
-    ``reason``; a run that changed meanwhile is left as it is and counted as not moved."""
+    ``reason``; a run that changed meanwhile is left as it is and counted as not moved. A
+    form the page cannot use (a NUL, a version too long) is a 400 that writes nothing."""
     if request.method == "POST":
         return _move(request)
-    agent = request.GET.get("agent", "")
-    from_version = request.GET.get("from_version", "")
+    if "agent" not in request.GET:
+        return render_page(request, "console/move.html", _context("", ""))
+    form = MoveForm(request.GET)
+    if not form.is_valid():
+        return _refused(request, form_problem(form))
+    agent, from_version = form.cleaned_data["agent"], form.cleaned_data["from_version"]
     context = _context(agent, from_version)
-    if not agent:
-        return render_page(request, "console/move.html", context)
     try:
         to_version, found, more = moves.plan(agent, from_version=from_version or None)
     except UnknownAgent as exc:
@@ -44,41 +47,47 @@ def move_runs(request: HtmxHttpRequest) -> HttpResponse:
 
 
 def _context(agent: str, from_version: str) -> dict:
+    groups = versions.versions_in_flight()
     return {
         "agent": agent,
         "from_version": from_version,
-        "groups": versions.versions_in_flight(),
+        "groups": groups,
+        "more_versions": len(groups) >= versions.VERSIONS_MAX,
         "deployed": versions.carried(),
         "cap": versions.COUNT_CAP,
         "reason_max": PAUSE_REASON_MAX,
     }
 
 
+def _refused(request: HtmxHttpRequest, problem: str) -> HttpResponse:
+    """The page again, saying why nothing was done (400)."""
+    context = {**_context("", ""), "error": problem}
+    return render_page(request, "console/move.html", context, status=400)
+
+
 def _move(request: HtmxHttpRequest) -> HttpResponse:
-    agent = request.POST.get("agent", "")
-    from_version = request.POST.get("from_version", "")
+    form = MoveForm(request.POST)
     run_ids = [r for r in request.POST.getlist("run") if is_id(r)][: moves.PAGE_MAX]
-    form = PauseForm(request.POST)
-    problem = "" if form.is_valid() else form_problem(form)
+    if not form.is_valid():
+        return _refused(request, form_problem(form))
     if not run_ids:
-        problem = problem or "No run to move: run the dry run again."
-    if not problem:
-        try:
-            to_version, found, moved, _ = moves.move(
-                agent,
-                from_version=from_version or None,
-                run_ids=run_ids,
-                limit=len(run_ids),
-                actor=actor(request),
-                reason=form.cleaned_data["reason"],
-            )
-        except (UnknownAgent, InvalidCommit) as exc:
-            problem = exc.message
-    if problem:  # refused before any run is touched: the page says why
-        context = {**_context(agent, from_version), "error": problem}
-        return render_page(request, "console/move.html", context, status=400)
+        return _refused(request, "No run to move: run the dry run again.")
+    agent, from_version = form.cleaned_data["agent"], form.cleaned_data["from_version"]
+    try:
+        to_version, _, moved, _ = moves.move(
+            agent,
+            from_version=from_version or None,
+            run_ids=run_ids,
+            limit=len(run_ids),
+            actor=actor(request),
+            reason=form.cleaned_data["reason"],
+        )
+    except (UnknownAgent, InvalidCommit) as exc:  # refused before any run is touched
+        return _refused(request, exc.message)
     left = len(run_ids) - len(moved)
-    note = f"; {left} not moved (they changed meanwhile: see below)" if left else ""
-    messages.success(request, f"Moved {len(moved)} run(s) of {agent} to {to_version}{note}.")
+    note = f"; {left} not moved (moved by someone else, ended or driven now: see below)"
+    messages.success(
+        request, f"Moved {len(moved)} run(s) of {agent} to {to_version}{note if left else ''}."
+    )
     query = {"agent": agent, **({"from_version": from_version} if from_version else {})}
     return redirect(f"{reverse('console:move')}?{urlencode(query)}")

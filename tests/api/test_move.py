@@ -29,7 +29,8 @@ def test_a_dry_run_then_a_move(api, deploy):
     [entry] = doc["runs"]
     assert (entry["run_id"], entry["from_version"], entry["refused"]) == (run["id"], one, "")
     assert entry["changes"] == [
-        "call 0 refund (awaiting): completed as an error before any effect: Not run: the tool"
+        "call 0 refund (awaiting): its ticket stays open; once answered, the call is completed as"
+        " an error before any effect: Not run: the tool"
         " 'refund' is not in agent 'deploy' as deployed now"
     ]
     assert commit_count(run["id"]) == commits  # a dry run writes nothing
@@ -53,6 +54,8 @@ def test_a_dry_run_then_a_move(api, deploy):
         ({"agent": "deploy", "limit": 0}, 422, None),
         ({"agent": "deploy", "apply": True, "to_version": "x"}, 422, None),  # the server's own
         ({"agent": "deploy", "run_ids": []}, 422, None),
+        ({"agent": "deploy", "apply": "yes"}, 422, None),  # never read as true
+        ({"agent": "deploy", "limit": "5"}, 422, None),
         ({"agent": "deploy", "reason": "x\u0000y", "apply": True}, 422, None),
     ],
 )

@@ -42,4 +42,5 @@ def test_a_run_held_back_by_a_limit_is_not_said_to_wait_for_its_model(viewer, se
     )
     page = viewer.get(reverse("console:run", args=[second])).content.decode()
     waiting_for = page.split('data-testid="waiting-for">', 1)[1].split("</dd>", 1)[0]
-    assert waiting_for.startswith("waiting for a slot: agent demo, 1 of 1 running"), waiting_for
+    # after the label "Waiting for", not "Waiting for waiting for"
+    assert waiting_for.startswith("a slot: agent demo, 1 of 1 running"), waiting_for

@@ -5,13 +5,15 @@ version's workers."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 from django.urls import reverse
+from django.utils import timezone
 
-from runtime import fsck, moves, operations, registry
+from runtime import fsck, moves, operations, registry, versions
 from runtime.errors import MoveRefused, UnknownAgent
 from runtime.models import Run, ThreadCommit
 from tests.runtime.support import calls, run_row, text_step, tool_step
@@ -34,23 +36,26 @@ def _commits(run_id: str) -> int:
     return ThreadCommit.objects.filter(run_id=run_id).count()
 
 
+NOT_RUN = (
+    "call 0 refund (awaiting): its ticket stays open; once answered, the call is completed as"
+    " an error before any effect: Not run: "
+)
+
+
 @pytest.mark.parametrize(
     ("version", "change"),
     [
         (
             "removed",
-            "call 0 refund (awaiting): completed as an error before any effect: Not run: the"
-            " tool 'refund' is not in agent 'deploy' as deployed now",
+            NOT_RUN + "the tool 'refund' is not in agent 'deploy' as deployed now",
         ),
         (
             "renamed",
-            "call 0 refund (awaiting): completed as an error before any effect: Not run: the"
-            " tool 'refund' is not in agent 'deploy' as deployed now",
+            NOT_RUN + "the tool 'refund' is not in agent 'deploy' as deployed now",
         ),
         (
             "new_argument",
-            "call 0 refund (awaiting): completed as an error before any effect: Not run: the"
-            " tool's current schema refuses the call's arguments",
+            NOT_RUN + "the tool's current schema refuses the call's arguments",
         ),
         (
             "new_policy",
@@ -135,13 +140,48 @@ def test_a_move_is_refused_and_writes_nothing_when_it_cannot_be_made(awaiting, d
     assert _commits(run_id) == written
 
     operations.move_run(run_id, from_version=one, to_version=two, actor="olga")
-    operations.move_run(run_id, from_version=one, to_version=two, actor="olga")  # again
+    with pytest.raises(MoveRefused, match="already on version"):  # again, or another operator
+        operations.move_run(run_id, from_version=one, to_version=two, actor="oscar")
     assert _commits(run_id) == written + 1
     operations.cancel(run_id, actor="olga")
     with pytest.raises(MoveRefused, match="ended"):
         operations.move_run(run_id, from_version=two, to_version=one)
     with pytest.raises(UnknownAgent):
         moves.plan("nobody")
+
+
+def test_a_claim_between_the_check_and_the_commit_refuses_the_move(awaiting, deploy, monkeypatch):
+    """The lease is judged again in the move's write: a worker that claims the run after
+    ``move_run`` looked and before it commits keeps it, and the move writes nothing."""
+    run_id, one = awaiting
+    two = deploy("removed")
+    _approve(run_id)  # Running, and no worker holds it yet
+    real = operations.commit
+
+    def claimed_meanwhile(*args, **kwargs):
+        monkeypatch.setattr(operations, "commit", real)
+        later = timezone.now() + timedelta(minutes=5)
+        Run.objects.filter(id=run_id).update(lease_owner="w-v1", lease_expires_at=later)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(operations, "commit", claimed_meanwhile)
+    written = _commits(run_id)
+    with pytest.raises(MoveRefused, match="worker w-v1 drives the run now"):
+        operations.move_run(run_id, from_version=one, to_version=two)
+    assert _commits(run_id) == written and run_row(run_id).agent_version == one
+    assert fsck.check() == []
+
+
+def test_a_dry_run_finds_its_agents_runs_whatever_other_agents_are_on(
+    awaiting, deploy, start, monkeypatch
+):
+    run_id, _ = awaiting
+    deploy("removed")
+    monkeypatch.setattr(versions, "VERSIONS_MAX", 2)
+    for n in range(3):  # runs of "demo", listed before "deploy", on three older versions
+        Run.objects.filter(id=start(text_step())).update(agent_version=f"d-old{n}")
+    assert len(versions.open_versions()) == 2
+    assert [m.run_id for m in moves.plan("deploy")[1]] == [run_id]
 
 
 def test_runtime_move_lists_then_moves(awaiting, deploy):
@@ -159,6 +199,10 @@ def test_runtime_move_lists_then_moves(awaiting, deploy):
     document = json.loads(out.getvalue())
     assert (document["to_version"], document["moved"], document["more"]) == (two, [run_id], False)
     assert run_row(run_id).agent_version == two
+    out = StringIO()
+    call_command("runtime_move", "deploy", "--from-version", one, stdout=out)  # nothing left
+    said = f"no run of deploy that has not ended is on version {one}; versions its runs are on:"
+    assert f"{said} {two}" in out.getvalue()
     assert fsck.check() == []
 
 
@@ -173,12 +217,16 @@ def test_the_console_lists_versions_then_moves_the_runs_its_dry_run_listed(
     page = admin_client.get(url, {"agent": "deploy", "from_version": one}).content.decode()
     assert "completed as an error before any effect" in page and "Move 1 run" in page
     assert admin_client.get(url, {"agent": "nobody"}).status_code == 404
+    assert admin_client.get(url, {"agent": "deploy", "from_version": "a\u0000b"}).status_code == 400
+    assert admin_client.get(url, {"agent": "x" * 101}).status_code == 400
     written = _commits(run_id)
     for refused in (
         {"agent": "deploy", "run": [run_id], "reason": "x" * 501},
         {"agent": "deploy", "run": [run_id], "reason": "a\u0000b"},
         {"agent": "nobody", "run": [run_id]},
         {"agent": "deploy", "run": ["../etc"]},
+        {"agent": "deploy", "from_version": "a\u0000b", "run": [run_id]},
+        {"agent": "deploy", "from_version": "v" * 101, "run": [run_id]},
     ):
         assert admin_client.post(url, refused).status_code == 400, refused
     viewer = django_user_model.objects.create_user("vera", password="pw")

@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
+from console.api.documents import run_summaries
 from runtime import registry, versions
 from runtime.documents import run_document
 from runtime.domain.versions import Routing, claimable
@@ -87,6 +88,17 @@ def test_a_pinned_run_waits_for_its_version_and_says_why(
     assert unserved == 1
     page = admin_client.get(reverse("console:workers")).content.decode()
     assert why in page and f'data-agent="deploy">deploy {new}<' in page
+    [listed] = run_summaries(list(Run.objects.filter(id=run_id)))  # the API's list item
+    assert (listed["agent_version"], listed["waiting"]) == (old, why)
+    runs_page = admin_client.get(reverse("console:runs")).content.decode()
+    assert 'data-holder="unserved"' in runs_page and why in runs_page
+    run_page = admin_client.get(reverse("console:run", args=[run_id])).content.decode()
+    assert f"a worker with version {old} of agent deploy" in run_page
+    assert (
+        "Waiting for</dt><dd" in run_page
+        and "waiting for a worker with"
+        not in run_page.split('data-testid="waiting-for">')[1].split("</dd>")[0]
+    )
     assert run_row(run_id).state == "running"  # waiting, never poison
 
     deploy("v1")  # a worker of its version comes back

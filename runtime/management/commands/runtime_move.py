@@ -17,7 +17,7 @@ import json
 
 from django.core.management.base import CommandError
 
-from runtime import moves
+from runtime import moves, versions
 from runtime.errors import RuntimeFault
 from runtime.management.base import RuntimeCommand
 
@@ -71,6 +71,13 @@ class Command(RuntimeCommand):
             )
             for line in (*m.changes, f"next: {m.next}", *([m.refused] if m.refused else [])):
                 self.stdout.write(f"  {line}")
+        if not found:  # a version copied wrong, or nothing left: say what there is
+            there = [f"{v or '(none)'}" for _, v in versions.open_versions(agent)]
+            self.stdout.write(
+                f"no run of {agent} that has not ended is on"
+                f" {f'version {from_version}' if from_version else 'another version'};"
+                f" versions its runs are on: {', '.join(there) or 'none'}"
+            )
         verb = f"moved {len(moved)} of" if apply else "dry run:"
         tail = " (more match: run it again)" if more else ""
         tail += "" if apply or not found else "; add --apply to move them"
