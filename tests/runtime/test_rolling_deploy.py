@@ -213,3 +213,43 @@ def test_a_crash_of_the_old_worker_at_each_boundary(deploy, start, worker, point
         assert _tool_results(run_id) == ["refunded o-9"]
     assert {("crasher", one), ("new", two)} <= _drivers(run_id)
     assert fsck.check() == []
+
+
+@pytest.mark.parametrize(
+    ("point", "phase"),
+    [
+        ("executing_committed", "indeterminate"),  # ledger_once's effect may have started
+        ("effect_applied", "indeterminate"),
+        ("call_completed", "completed"),
+        ("batch_finalized", "completed"),
+        ("inference_streaming", "completed"),
+    ],
+)
+def test_a_crash_of_the_new_worker_at_each_boundary_of_a_run_it_took_over(
+    deploy, start, worker, point, phase
+):
+    """The old version's workers are gone; a new one takes over a run whose approved batch
+    holds a call of the removed tool and a ``once`` call, and dies at a boundary; another new
+    worker finishes it: the removed tool's call is an error result, the other call is
+    recovered by its pinned policy, each effect at most once."""
+    one = deploy("v1")
+    batch = tool_step(("refund", {"order": "o-9"}), ("ledger_once", {"key": "k"}))
+    run_id = start(batch, text_step("told"), agent="deploy")
+    old = {"RUNTIME_AGENTS": f"{BASE},tests.runtime.deploy_agents.v1"}
+    assert worker(worker_id="old", **old)[0] == 0  # to the approval; then no v1 worker is live
+    _approve(run_id)
+    two = deploy("removed")
+    new = {"RUNTIME_AGENTS": f"{BASE},tests.runtime.deploy_agents.removed"}
+    code, err = worker(crash_at=point, worker_id="crasher", **new)
+    assert code == 137, err
+    code, err = worker(worker_id="new", **new)
+    assert code == 0, err
+    assert "Traceback" not in err, err
+
+    assert (run_row(run_id).state, run_row(run_id).end_cause) == ("ended", "natural")
+    gone, once = calls(run_id)
+    assert (gone.phase, gone.result.startswith("Not run: the tool 'refund'")) == ("completed", True)
+    assert once.phase == phase
+    assert [e["applied"] for e in ledger(run_id).values()] in ([], [1])  # at most once
+    assert _drivers(run_id) - {("old", one)} <= {("crasher", two), ("new", two)}
+    assert fsck.check() == []
