@@ -136,11 +136,8 @@ def _move(row: Run, agent: Agent, to_version: str) -> Move:
         for call in _pending(run)
         if call.ticket_id not in answered and (line := _change(agent, call))
     )
-    refused = (
-        f"worker {row.lease_owner} drives the run now: pause it first, then move it"
-        if row.held  # type: ignore[attr-defined]  # the annotation of plan()
-        else ""
-    )
+    held = row.held  # type: ignore[attr-defined]  # the annotation of plan()
+    refused = operations.driven_now(row.lease_owner or "") if held else ""
     return Move(
         run_id=row.id,
         agent=row.agent,

@@ -714,6 +714,15 @@ def _unpaused_before(run_id: str, actor: str, reason: str, ticket_id: str | None
     return False
 
 
+def driven_now(owner: str) -> str:
+    """Why a run the worker ``owner`` holds now is not moved (``move_run``, and the dry run
+    of ``runtime.moves``)."""
+    return (
+        f"worker {owner} drives the run now: pause it first (its worker lets it go at its next"
+        " boundary), then move it"
+    )
+
+
 def move_run(
     run_id: str,
     *,
@@ -766,11 +775,7 @@ def move_run(
             .first()
         )
         if owner:
-            raise MoveRefused(
-                f"worker {owner} drives the run now: pause it first (its worker lets it go at"
-                " its next boundary), then move it",
-                lease_owner=owner,
-            )
+            raise MoveRefused(driven_now(owner), lease_owner=owner)
         return CommitDraft(
             thread_id=run.thread_id,
             run_id=run.run_id,
