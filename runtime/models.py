@@ -30,9 +30,12 @@ class Thread(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     version = models.PositiveBigIntegerField(default=0)  # sequence of the last commit
     active_run = models.ForeignKey(
-        "Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        "Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
     metadata = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["active_run"], name="thread_active_run")]
 
     def __str__(self) -> str:
         return f"thread {self.id}"
@@ -55,7 +58,10 @@ class RunQuerySet(models.QuerySet["Run"]):
 
 class Run(models.Model):
     id = models.CharField(primary_key=True, max_length=32, default=new_id, editable=False)
-    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="runs")
+    # Indexed by run_thread (Meta), which also serves thread id prefixes (search).
+    thread = models.ForeignKey(
+        Thread, on_delete=models.CASCADE, related_name="runs", db_index=False
+    )
     agent = models.CharField(max_length=100)
     state = models.CharField(max_length=16, default="running")
     end_cause = models.CharField(max_length=16, null=True, blank=True)
@@ -155,6 +161,9 @@ class Run(models.Model):
             models.Index(
                 fields=["committed_at", "id"], name="run_ended_order", condition=Q(state="ended")
             ),
+            # A thread's runs, and runs whose thread id starts with a search's text: one index
+            # (PostgreSQL's pattern operator class answers equality too; migration 0025).
+            models.Index(fields=["thread"], name="run_thread", opclasses=["varchar_pattern_ops"]),
             # PostgreSQL also has a GIN index on metadata (migration 0017) for the metadata
             # filter (runtime.search); not declared here, as SQLite has no GIN.
         ]
@@ -191,10 +200,18 @@ OPERATOR_EVENTS = ("RunPaused", "RunResumed", "RunMoved")
 class ThreadCommit(models.Model):
     """One validated write: a RunDisposition with messages and events."""
 
-    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="commits")
+    # Both keys are the first columns of an index below (no index of their own: migration 0025).
+    thread = models.ForeignKey(
+        Thread, on_delete=models.CASCADE, related_name="commits", db_index=False
+    )
     seq = models.PositiveBigIntegerField()
     run = models.ForeignKey(
-        Run, null=True, blank=True, on_delete=models.CASCADE, related_name="commits"
+        Run,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="commits",
+        db_index=False,
     )
     disposition = models.JSONField(null=True, blank=True)
     messages = models.JSONField(default=list)
@@ -230,8 +247,11 @@ class ThreadCommit(models.Model):
 
 
 class MessageRecord(models.Model):
-    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="messages")
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="messages")
+    # Indexed by message_order_unique and message_run (migration 0025).
+    thread = models.ForeignKey(
+        Thread, on_delete=models.CASCADE, related_name="messages", db_index=False
+    )
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="messages", db_index=False)
     seq = models.PositiveBigIntegerField()  # the commit that carried it
     idx = models.PositiveIntegerField()  # order within that commit
     role = models.CharField(max_length=16)
@@ -246,11 +266,12 @@ class MessageRecord(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["thread", "seq", "idx"], name="message_order_unique")
         ]
+        indexes = [models.Index(fields=["run"], name="message_run")]
 
 
 class ToolCallRecord(models.Model):
     id = models.CharField(primary_key=True, max_length=32)  # the call id
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="calls")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="calls", db_index=False)
     step = models.PositiveIntegerField()
     index = models.PositiveIntegerField()
     tool_call_id = models.CharField(max_length=200)
@@ -293,13 +314,16 @@ class ToolCallRecord(models.Model):
             ),
             models.Index(fields=["phase", "-created_at", "-id"], name="call_phase_created"),
             models.Index(fields=["-created_at", "-id"], name="call_created"),
+            models.Index(fields=["run"], name="call_run"),
         ]
 
 
 class Ticket(models.Model):
     id = models.CharField(primary_key=True, max_length=32)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tickets")
-    call = models.ForeignKey(ToolCallRecord, on_delete=models.CASCADE, related_name="tickets")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tickets", db_index=False)
+    call = models.ForeignKey(
+        ToolCallRecord, on_delete=models.CASCADE, related_name="tickets", db_index=False
+    )
     kind = models.CharField(max_length=16)
     request = models.JSONField(default=dict, blank=True)
     schema = models.JSONField(null=True, blank=True)
@@ -329,6 +353,8 @@ class Ticket(models.Model):
             models.Index(
                 fields=["-closed_at"], name="ticket_closed_recent", condition=~Q(state="open")
             ),
+            models.Index(fields=["run"], name="ticket_run"),
+            models.Index(fields=["call"], name="ticket_call"),
         ]
 
 
