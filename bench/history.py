@@ -21,9 +21,16 @@ built database is reused by later ``--measure`` runs (before and after a change)
    ``generate_series(1, C)``, with foreign-key triggers off (``session_replication_role =
    replica``). Every 32-hex id, wherever it stands (id columns, JSON documents, ``op_<hex>``
    operation ids), gets copy ``g``'s first 8 hex digits (a bijection of ``g``, so ids of all
-   copies stay unique and look random) and keeps its last 24: consistent across tables. Every
-   timestamp of copy ``g`` moves ``g / C x 90`` days into the past. Serial ids are re-issued.
-   Then ``ANALYZE``; ``runtime_fsck --thread`` on ``--fsck-sample`` copied threads.
+   copies stay unique and look random) and keeps its last 24: consistent across tables. The
+   ids the product derives by a hash are derived again from the copy's inputs instead, as the
+   product would have: a fork's copies of its source's ids (``fork.copied_id`` of the fork's
+   run id and the old id) and a child run's id (``delegation.child_run_id`` of its delegate
+   call's operation id). Every timestamp of copy ``g`` moves ``g / C x 90`` days into the
+   past, the columns and the UTC times written inside JSON documents (a timer's ``due_at``, a
+   pause's ``paused_at``) alike. Serial ids are re-issued. Then ``ANALYZE``; then
+   ``runtime.fsck.check`` in process on every thread of the template, of ``--fsck-copies``
+   whole copies (every kind of thread: forks, delegations, timers, approvals) and of
+   ``--fsck-sample`` random threads, reported clean/unclean by kind.
 
 **Measure**: daphne serves ``console.asgi:application`` on loopback (no worker); httpx, signed
 in (a session cookie for the console, a Bearer token for the API), times each read
@@ -62,6 +69,12 @@ DAYS = 90
 # A 32-hex id anywhere in a text (not inside a longer hex string): its first 8 digits are the
 # copy's, its last 24 the template's.
 ID_RX = r"(?<![0-9a-f])[0-9a-f]{8}([0-9a-f]{24})(?![0-9a-f])"
+# A time the product writes inside a JSON document (``datetime.isoformat()`` of a UTC time: a
+# timer's ``due_at``, a pause's ``paused_at``): it moves with the copy's timestamp columns.
+TIME_RX = r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{6})?\+00:00"
+# What a copy rewrites one by one in the few rows that need it (``hist_text``).
+TOKEN_RX = rf"(?<![0-9a-f])[0-9a-f]{{32}}(?![0-9a-f])|{TIME_RX}"
+KNUTH = 2654435761  # copy g's 8 hex digits: (g * KNUTH) mod 2**32, a bijection of g
 COMMON_WORD = "invoice"
 ABSENT_WORD = "qqxyzzyabsent"
 
@@ -280,18 +293,108 @@ def copied_tables(cursor) -> list[str]:
     return [row[0] for row in cursor.fetchall()]
 
 
+def copy_prefix(g: int) -> str:
+    """The 8 hex digits of copy ``g`` (the template itself is copy 0 and keeps its own)."""
+    return f"{(g * KNUTH) % 4294967296:08x}"
+
+
+def derived_ids() -> dict[str, tuple[str, str] | tuple[str, str, str]]:
+    """The template's ids that the product derives from other ids by a hash, by their 32 hex
+    digits: ("fork", fork run id, old id) for an id a fork's copy gives an id of its source
+    (``fork.copied_id``, uuid5 of the fork's run id and the old id: its runs, calls, operations,
+    tickets), ("child", operation id) for a child run's id (``delegation.child_run_id``, uuid5
+    of its delegate call's operation id). A copy cannot keep their last 24 digits: it derives
+    them again from its own copies of the inputs, as the product would have (``copied_ids``)."""
+    from runtime import fork
+    from runtime.delegation import child_run_id
+    from runtime.models import Run, ToolCallRecord
+
+    derived: dict[str, tuple[str, str] | tuple[str, str, str]] = {}
+    forks = Run.objects.filter(metadata__has_key="forked_from").values_list("id", "metadata")
+    for run_id, metadata in forks:
+        forked = metadata["forked_from"]
+        source = fork.prefix(forked["run_id"], forked["step"])
+        for old, new in fork.mapping(source, run_id).items():
+            if new != run_id:  # the fork's own id is new (uuid4)
+                derived[new.removeprefix("op_")] = ("fork", run_id, old)
+    children = Run.objects.exclude(parent_call_id=None).values_list("id", "parent_call_id")
+    operations = dict(ToolCallRecord.objects.values_list("id", "operation_id"))
+    for run_id, call_id in children:
+        operation_id = operations.get(call_id or "")
+        if operation_id and child_run_id(operation_id) == run_id:
+            derived[run_id] = ("child", operation_id)
+    return derived
+
+
+def copied_ids(derived: dict[str, Any], g: int) -> dict[str, str]:
+    """Copy ``g``'s id of each derived id (keyed by the template's last 24 digits): the
+    derivation applied to copy ``g``'s ids of its inputs (themselves derived, or not)."""
+    from runtime import fork
+    from runtime.delegation import child_run_id
+
+    prefix, memo = copy_prefix(g), {}
+
+    def of(old: str) -> str:
+        if old.startswith("op_"):
+            return "op_" + of(old[3:])
+        if len(old) != 32 or any(c not in "0123456789abcdef" for c in old):
+            return old  # not an id the copy rewrites
+        if old not in memo:
+            how = derived.get(old)
+            if how is None:
+                memo[old] = prefix + old[8:]
+            elif how[0] == "fork":
+                memo[old] = fork.copied_id(of(how[1]), of(how[2])).removeprefix("op_")
+            else:
+                memo[old] = child_run_id(of(how[1]))
+        return memo[old]
+
+    return {old[8:]: of(old) for old in derived}
+
+
+# The copy of one text in the rows that need more than a regexp_replace: every id and every
+# UTC time in it, one by one, in one pass (copy g, its time shift).
+COPY_FUNCTIONS = [
+    f"""
+CREATE FUNCTION pg_temp.hist_token(tok text, g int, shift interval) RETURNS text
+LANGUAGE sql STABLE AS $$
+  SELECT CASE WHEN tok ~ '^[0-9a-f]{{32}}$' THEN coalesce(
+      (SELECT d.id FROM hist_derived_copy d WHERE d.g = $2 AND d.tail = right($1, 24)),
+      lpad(to_hex(($2 * {KNUTH}::bigint) % 4294967296), 8, '0') || right($1, 24))
+    ELSE to_char(($1::timestamptz - $3) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
+      || CASE WHEN extract(microseconds FROM $1::timestamptz - $3)::bigint % 1000000 = 0
+         THEN '' ELSE to_char(($1::timestamptz - $3) AT TIME ZONE 'UTC', '.US') END
+      || '+00:00'
+  END
+$$""",
+    f"""
+CREATE FUNCTION pg_temp.hist_text(v text, g int, shift interval) RETURNS text
+LANGUAGE sql STABLE AS $$
+  SELECT coalesce(string_agg(p.part || coalesce(pg_temp.hist_token(m.a[1], $2, $3), ''), ''
+                             ORDER BY p.n), $1)
+  FROM regexp_split_to_table($1, '{TOKEN_RX}') WITH ORDINALITY AS p(part, n)
+  LEFT JOIN regexp_matches($1, '({TOKEN_RX})', 'g') WITH ORDINALITY AS m(a, n) ON m.n = p.n
+$$""",
+]
+
+
 def column_expr(name: str, data_type: str, default: str | None) -> str | None:
-    """The copy's value of one column (None: left to its default, a serial id)."""
+    """The copy's value of one column (None: left to its default, a serial id). A template
+    row ``hist_slow`` names a derived id or holds a time inside a text: ``hist_text``."""
     quoted = f'"{name}"'
     if default and default.startswith("nextval("):
         return None
-    prefix = "lpad(to_hex((g * 2654435761) %% 4294967296), 8, '0')"
+    prefix = f"lpad(to_hex((g * {KNUTH}) %% 4294967296), 8, '0')"
+    shift = f"(g * interval '{DAYS} days' / %(copies)s)"
     if data_type in ("character varying", "text"):
-        return f"regexp_replace({quoted}, '{ID_RX}', {prefix} || '\\1', 'g')"
+        fast = f"regexp_replace({quoted}, '{ID_RX}', {prefix} || '\\1', 'g')"
+        return f"CASE WHEN hist_slow THEN pg_temp.hist_text({quoted}, g, {shift}) ELSE {fast} END"
     if data_type == "jsonb":
-        return f"regexp_replace({quoted}::text, '{ID_RX}', {prefix} || '\\1', 'g')::jsonb"
+        fast = f"regexp_replace({quoted}::text, '{ID_RX}', {prefix} || '\\1', 'g')::jsonb"
+        slow = f"pg_temp.hist_text({quoted}::text, g, {shift})::jsonb"
+        return f"CASE WHEN hist_slow THEN {slow} ELSE {fast} END"
     if data_type.startswith("timestamp"):
-        return f"{quoted} - (g * interval '{DAYS} days' / %(copies)s)"
+        return f"{quoted} - {shift}"
     return quoted
 
 
@@ -299,10 +402,31 @@ def multiply(copies: int) -> dict[str, float]:
     """Copy every run-bearing table ``copies`` times; return seconds per table."""
     from django.db import connection, transaction
 
+    derived = derived_ids()
+    gs, tails, ids = [], [], []
+    for g in range(1, copies + 1):
+        for tail, new in copied_ids(derived, g).items():
+            gs.append(g)
+            tails.append(tail)
+            ids.append(new)
     seconds: dict[str, float] = {}
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL session_replication_role = replica")
         cursor.execute("SET LOCAL synchronous_commit = off")
+        cursor.execute("CREATE TEMP TABLE hist_derived (tail text PRIMARY KEY)")
+        cursor.execute(
+            "INSERT INTO hist_derived SELECT unnest(%s::text[])", [[d[8:] for d in derived]]
+        )
+        cursor.execute(
+            "CREATE TEMP TABLE hist_derived_copy (g int, tail text, id text, PRIMARY KEY (g, tail))"
+        )
+        cursor.execute(
+            "INSERT INTO hist_derived_copy SELECT * FROM unnest(%s::int[], %s::text[], %s::text[])",
+            [gs, tails, ids],
+        )
+        cursor.execute("ANALYZE hist_derived_copy")
+        for function in COPY_FUNCTIONS:
+            cursor.execute(function)
         for table in copied_tables(cursor):
             cursor.execute(
                 "SELECT column_name, data_type, column_default, is_identity "
@@ -317,7 +441,14 @@ def multiply(copies: int) -> dict[str, float]:
                     names.append(f'"{name}"')
                     exprs.append(expr)
             started = time.perf_counter()
-            cursor.execute(f'CREATE TEMP TABLE "t_{table}" AS SELECT * FROM "{table}"')
+            # hist_slow: the template row holds a derived id or a time inside a text (a
+            # timestamp column's text form has no "T"), so its texts are copied one id and
+            # one time at a time; every other row by one regexp_replace a column.
+            cursor.execute(
+                f"CREATE TEMP TABLE \"t_{table}\" AS SELECT x.*, (x::text ~ '{TIME_RX}' OR "
+                f"EXISTS (SELECT FROM regexp_matches(x::text, '{ID_RX}', 'g') AS m(a) "
+                f'JOIN hist_derived d ON d.tail = m.a[1])) AS hist_slow FROM "{table}" x'
+            )
             cursor.execute(
                 f'INSERT INTO "{table}" ({", ".join(names)}) SELECT {", ".join(exprs)} '
                 f'FROM "t_{table}", generate_series(1, %(copies)s) AS g',
@@ -329,19 +460,52 @@ def multiply(copies: int) -> dict[str, float]:
     return seconds
 
 
-def fsck_sample(env: dict[str, str], sample: int) -> dict[str, Any]:
-    from runtime.models import Thread
+def thread_kind(thread_id: str) -> str:
+    """What the template made of a thread: its runs' kinds ("child", "+forked", "crashed")."""
+    from runtime.models import Run
 
-    threads = list(Thread.objects.order_by("?").values_list("id", flat=True)[:sample])
-    bad = []
+    kinds = set()
+    for metadata, depth in Run.objects.filter(thread_id=thread_id).values_list("metadata", "depth"):
+        kind = "child" if depth else (metadata or {}).get("kind", "crashed")
+        kinds.add(kind + ("+forked" if "forked_from" in (metadata or {}) else ""))
+    return ",".join(sorted(kinds))
+
+
+def fsck_sample(template: list[str], copies: int, whole: int, sample: int) -> dict[str, Any]:
+    """``runtime.fsck.check`` in process on every thread of the template, of ``whole`` copies
+    (at random: each copy holds every kind of thread the template has, forks, delegations,
+    timers and approvals among them) and of ``sample`` more random threads. Besides fsck, a
+    child run's id must be what its delegate call's operation id derives."""
+    import random
+
+    from runtime import fsck
+    from runtime.delegation import child_run_id
+    from runtime.models import Run, Thread, ToolCallRecord
+
+    chosen = random.sample(range(1, copies + 1), min(whole, copies))
+    threads = list(template)
+    for g in chosen:
+        threads += [copy_prefix(g) + t[8:] for t in template]
+    threads += list(Thread.objects.order_by("?").values_list("id", flat=True)[:sample])
+    threads = list(dict.fromkeys(threads))
+    bad: list[dict[str, str]] = []
+    kinds: dict[str, dict[str, int]] = {}
     for thread_id in threads:
-        done = manage(env, "runtime_fsck", "--thread", thread_id, check=False)
-        if done.returncode != 0:
-            bad.append({"thread": thread_id, "out": (done.stdout + done.stderr)[-600:]})
-    return {"checked": len(threads), "failed": bad}
+        found = [str(v) for v in fsck.check(thread_id)]
+        children = Run.objects.filter(thread_id=thread_id).exclude(parent_call_id=None)
+        for run_id, call_id in children.values_list("id", "parent_call_id"):
+            call = ToolCallRecord.objects.filter(id=call_id).values("operation_id").first()
+            if call is None or child_run_id(call["operation_id"]) != run_id:
+                found.append(f"child run {run_id} is not derived from its call {call_id}")
+        kind = thread_kind(thread_id)
+        counts = kinds.setdefault(kind, {"clean": 0, "unclean": 0})
+        counts["unclean" if found else "clean"] += 1
+        if found:
+            bad.append({"thread": thread_id, "kind": kind, "out": "\n".join(found)[-600:]})
+    return {"checked": len(threads), "copies": sorted(chosen), "kinds": kinds, "failed": bad}
 
 
-def build(database_url: str, runs: int, scale: int, sample: int) -> dict[str, Any]:
+def build(database_url: str, runs: int, scale: int, sample: int, whole: int = 1) -> dict[str, Any]:
     name = database_url.rsplit("/", 1)[1]
     with admin_connect(database_url) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -349,15 +513,16 @@ def build(database_url: str, runs: int, scale: int, sample: int) -> dict[str, An
     env = environment(database_url)
     started = time.perf_counter()
     manage(env, "migrate", "--noinput", "-v0")
-    from runtime.models import Run
+    from runtime.models import Run, Thread
 
     template = build_template(env, scale)
+    threads = list(Thread.objects.values_list("id", flat=True))
     templated = time.perf_counter()
     per_copy = Run.objects.count()
     copies = max(0, round(runs / per_copy) - 1)
     seconds = multiply(copies)
     multiplied = time.perf_counter()
-    fsck = fsck_sample(env, sample)
+    fsck = fsck_sample(threads, copies, whole, sample)
     report = {
         "database": name,
         "runs": Run.objects.count(),
@@ -717,7 +882,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--slow-ms", type=float, default=50.0)
     parser.add_argument("--template-scale", type=int, default=5)
-    parser.add_argument("--fsck-sample", type=int, default=10)
+    parser.add_argument("--fsck-sample", type=int, default=10, help="random threads to fsck")
+    parser.add_argument(
+        "--fsck-copies", type=int, default=1, help="whole copies to fsck (with the template)"
+    )
     parser.add_argument("--json", help="write every figure here")
     args = parser.parse_args()
     if not args.database_url.startswith("postgres"):
@@ -743,7 +911,7 @@ def main() -> None:
         connections["default"].settings_dict["NAME"] = f"{args.database_prefix}_{runs}"
         os.environ["DATABASE_URL"] = url
         if not args.measure:
-            builds[runs] = build(url, runs, args.template_scale, args.fsck_sample)
+            builds[runs] = build(url, runs, args.template_scale, args.fsck_sample, args.fsck_copies)
             connections["default"].close()
         if not args.build:
             results[runs] = measure(url, args.requests, args.slow_ms)
@@ -759,6 +927,10 @@ def main() -> None:
                 f"{fsck['checked'] - len(fsck['failed'])}/{fsck['checked']} threads clean"
             )
             print(f"  template: {report['template']}")
+            kinds = {
+                k: f"{v['clean']}/{v['clean'] + v['unclean']}" for k, v in fsck["kinds"].items()
+            }
+            print(f"  fsck clean by kind (template, copies {fsck['copies']}, sample): {kinds}")
             for bad in fsck["failed"][:3]:
                 print(f"  fsck failed: {bad}")
         print()
