@@ -371,6 +371,10 @@ class ReconciliationRecord(models.Model):
     # Not a column: the console sets it on the records it shows (mark_corrections).
     corrects: ReconciliationRecord | None
 
+    class Meta:
+        # Audit's reconciliation entries, newest first (console.views.audit).
+        indexes = [models.Index(fields=["-created_at"], name="reconciliation_recent")]
+
 
 class LateEvidence(models.Model):
     """A tool result reported after its call was sealed: kept for reconciliation, never

@@ -7,7 +7,7 @@ which the views render with its own status code (403, 404, 409, 422) and message
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from functools import wraps
 from typing import TYPE_CHECKING, Any
@@ -17,6 +17,7 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import resolve_url
 from django.template.response import TemplateResponse
@@ -25,6 +26,7 @@ from django.views.decorators.http import require_POST
 from django_htmx.middleware import HtmxDetails
 
 from console.models import OPERATE, READ, RESUME
+from runtime.agents import registry
 from runtime.untrusted import is_id
 
 if TYPE_CHECKING:
@@ -112,6 +114,30 @@ def abilities(request: HttpRequest) -> dict[str, bool]:
         "can_resume": user.has_perm(RESUME),
         "can_operate": user.has_perm(OPERATE),
     }
+
+
+# Counts past this are shown as "1,000+": an exact count would read every matching row.
+COUNT_CAP = 1000
+
+
+def capped(rows: QuerySet[Any]) -> int | str:
+    """How many ``rows`` there are, up to COUNT_CAP; past it, the text "1,000+": a COUNT over
+    a LIMITed subquery reads at most COUNT_CAP + 1 index entries, however long the history."""
+    n = rows.order_by().values("pk")[: COUNT_CAP + 1].count()
+    return n if n <= COUNT_CAP else f"{COUNT_CAP:,}+"
+
+
+def choices(*groups: Iterable[str | None]) -> list[str]:
+    """A filter's options, sorted, without blanks: the names the code knows (the registered
+    agents, their tools), those on the page shown and the one chosen. Never read from the
+    history: a distinct over every open ticket or queued call grows with them (issue 28)."""
+    return sorted({name for group in groups for name in group if name})
+
+
+def registered_tools() -> set[str]:
+    """The names of the registered agents' own tools (a tool source's, e.g. MCP, are known
+    only when a worker asks the server: a filter lists them once a page shows one)."""
+    return {tool.name for agent in registry().values() for tool in agent.tools}
 
 
 def render_page(

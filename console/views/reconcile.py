@@ -17,18 +17,29 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
 from django.utils import timezone
 
 from console.forms import ReconcileFilterForm, ReconcileForm
 from console.models import OPERATE, READ
-from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, render_page
+from console.views.common import (
+    HtmxHttpRequest,
+    actor,
+    capped,
+    choices,
+    needs,
+    parse_cursor,
+    registered_tools,
+    render_page,
+)
 from runtime import operations
+from runtime.agents import registry
 from runtime.coordinator import executing_attempts
 from runtime.errors import ReconciliationContradicts, RunAlreadyActive, RuntimeFault
 from runtime.inventory import SEAL_REASONS, seal_reason, unreconciled_calls, with_seal_reason
+from runtime.keyset import RowCompare
 from runtime.models import LateEvidence, ReconciliationRecord, ToolCallRecord
 from runtime.untrusted import is_id
 
@@ -149,33 +160,33 @@ def reconciliation(request: HtmxHttpRequest) -> HttpResponse:
     matching = calls.count()
     after = parse_cursor(data.get("after") or "")
     if after:
-        calls = calls.filter(Q(updated_at__lt=after[0]) | Q(updated_at=after[0], id__lt=after[1]))
+        calls = calls.filter(RowCompare(("updated_at", "id"), "<", after))
     page = list(calls[: PAGE + 1])
     if len(page) > PAGE:
         page = page[:PAGE]
         params = request.GET.copy()
         params["after"] = f"{page[-1].updated_at.isoformat()}~{page[-1].id}"
         context["next_query"] = params.urlencode()
-    base = _queue({"show": show})
     context.update(
         form=form,
         filters=filters,
         filter_query=urlencode(filters),
         filtered=any(k != "show" for k in filters),
         matching=matching,
-        tools=sorted(set(base.values_list("name", flat=True))),
-        agents=sorted(set(base.values_list("run__agent", flat=True))),
+        tools=choices(registered_tools(), (c.name for c in page), [filters.get("tool")]),
+        agents=choices(registry(), (c.run.agent for c in page), [filters.get("agent")]),
         paged=after is not None,
         cards=[_card(c) for c in page],
     )
     return render_page(request, "console/reconcile.html", context, partial="calls")
 
 
-def reconcile_counts() -> dict[str, int]:
-    """Indeterminate calls whose effect may have started: unreconciled and reconciled."""
-    total = _started().count()
-    pending = unreconciled_calls().count()
-    return {"pending_count": pending, "done_count": total - pending}
+def reconcile_counts() -> dict[str, int | str]:
+    """Indeterminate calls whose effect may have started: unreconciled (the queue, exact)
+    and recorded (history: ``capped``, "1,000+" past the cap)."""
+    pending = unreconciled_calls()
+    done = _started().exclude(id__in=pending.values("id"))
+    return {"pending_count": pending.count(), "done_count": capped(done)}
 
 
 BULK_MAX = 500  # calls recorded by one confirmation

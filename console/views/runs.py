@@ -24,6 +24,7 @@ from console.models import OPERATE, READ
 from console.views.common import (
     HtmxHttpRequest,
     actor,
+    capped,
     form_problem,
     needs,
     parse_cursor,
@@ -49,8 +50,6 @@ from runtime.models import (
 )
 
 PAGE_SIZE = 50
-# Counts past this are shown as "1,000+": an exact count would read every matching run.
-COUNT_CAP = 1000
 OVER_CAP = "over cap"  # _matched's answer when more than COUNT_CAP runs match the text
 type Matched = list[str] | str | None
 # Who holds a Running run, and whether it is paused (runtime.stuck).
@@ -65,18 +64,11 @@ def _cursor(run: Run) -> str:
     return f"{run.created_at.isoformat()}~{run.id}"
 
 
-def _capped(rows) -> int | str:
-    """How many ``rows`` there are, up to COUNT_CAP; past it, the text "1,000+": a COUNT over
-    a LIMITed subquery reads at most COUNT_CAP + 1 index entries, however long the history."""
-    n = rows.order_by().values("pk")[: COUNT_CAP + 1].count()
-    return n if n <= COUNT_CAP else f"{COUNT_CAP:,}+"
-
-
 def _counts(data: dict[str, Any] | None = None, ids: Matched = None) -> dict[str, Any]:
     """The chips' counts: runs per state and per end cause, paused and needing
     reconciliation. Unfiltered or filtered by agent only: exact, from the counts the
     database keeps (``_kept_counts``). Under other filters: each a capped count
-    (``_capped``) answered from an index on the chip's columns (run_state_cause,
+    (``capped``) answered from an index on the chip's columns (run_state_cause,
     run_agent_state_cause, run_paused_recent), never a count of every run.
 
     ``data`` (the list's filters) narrows every count but by state and end cause, which the
@@ -101,13 +93,13 @@ def _counts(data: dict[str, Any] | None = None, ids: Matched = None) -> dict[str
     base = _filtered(data)
     flagged = unreconciled_calls().filter(run_id__in=base.values_list("id", flat=True))
     return {
-        "total": _capped(base),
-        "states": [(s, _capped(base.filter(state=s))) for s in STATES],
+        "total": capped(base),
+        "states": [(s, capped(base.filter(state=s))) for s in STATES],
         # A cause is an ended run's: the state in the filter lets the (state, end_cause)
         # and (agent, state, end_cause) indexes answer.
-        "causes": [(c, _capped(base.filter(state="ended", end_cause=c))) for c in CAUSES],
-        "unreconciled": _capped(flagged.values("run_id").distinct()),
-        "paused": _capped(base.filter(paused=True)),
+        "causes": [(c, capped(base.filter(state="ended", end_cause=c))) for c in CAUSES],
+        "unreconciled": capped(flagged.values("run_id").distinct()),
+        "paused": capped(base.filter(paused=True)),
     }
 
 
@@ -245,7 +237,7 @@ def runs(request: HtmxHttpRequest) -> HttpResponse:
     elif top:
         # The runs after the pinned top, by the run_recent index: a few, not the history.
         stamp, run_id = top
-        newer = _capped(rows.filter(Q(created_at__gt=stamp) | Q(created_at=stamp, id__gt=run_id)))
+        newer = capped(rows.filter(Q(created_at__gt=stamp) | Q(created_at=stamp, id__gt=run_id)))
         rows = _older_or_same(rows, top, inclusive=True)
     page = list(rows.order_by("-created_at", "-id").only(*ROW_FIELDS)[: PAGE_SIZE + 1])
     more = len(page) > PAGE_SIZE

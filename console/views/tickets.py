@@ -23,7 +23,15 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from console.forms import DenyForm, InboxFilterForm, SchemaForm, schema_order
 from console.models import READ, RESUME
-from console.views.common import HtmxHttpRequest, actor, needs, parse_cursor, render_page
+from console.views.common import (
+    HtmxHttpRequest,
+    actor,
+    choices,
+    needs,
+    parse_cursor,
+    registered_tools,
+    render_page,
+)
 from runtime import operations
 from runtime.agents import registry
 from runtime.domain.commit import check_operator_decision
@@ -229,7 +237,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         recent=_recent(),
         paged=after is not None,
         next_query=params.urlencode() if more else None,
-        tools=sorted(set(Ticket.objects.filter(state="open").values_list("call__name", flat=True))),
+        tools=choices(registered_tools(), (t.call.name for t in page), [data.get("tool")]),
         agents=sorted(registry()),
     )
     return render_page(request, "console/inbox.html", context, partial="tickets")
