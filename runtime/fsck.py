@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypedDict
 
 from runtime import codec, coordinator, staging
@@ -67,10 +68,34 @@ def check(thread_id: str | None = None) -> list[Violation]:
     """
     if thread_id is not None:
         return check_thread(thread_id)
+    return check_each(Thread.objects.order_by("id").values_list("id", flat=True).iterator())
+
+
+def check_each(thread_ids: Iterable[str]) -> list[Violation]:
+    """Check each thread of ``thread_ids`` in turn; return every Violation found.
+
+    A thread deleted since its id was read (a prune, an operator) is skipped: there is
+    nothing left to disagree."""
     violations: list[Violation] = []
-    for tid in Thread.objects.order_by("id").values_list("id", flat=True).iterator():
-        violations.extend(check_thread(tid))
+    for tid in thread_ids:
+        try:
+            violations.extend(check_thread(tid))
+        except NotFound:
+            continue
     return violations
+
+
+def recent_threads(since: datetime) -> list[str]:
+    """Ids of the threads with a commit at or after ``since``, in id order.
+
+    Read by the ``commit_created`` index: the cost follows the commits since then, not the
+    history (``runtime_fsck --since``)."""
+    return list(
+        ThreadCommit.objects.filter(created_at__gte=since)
+        .order_by("thread_id")
+        .values_list("thread_id", flat=True)
+        .distinct()
+    )
 
 
 def check_thread(thread_id: str) -> list[Violation]:

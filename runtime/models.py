@@ -233,6 +233,8 @@ class ThreadCommit(models.Model):
         ]
         indexes = [
             models.Index(fields=["run", "seq"], name="commit_run_seq"),
+            # The threads with a commit since a time (runtime_fsck --since).
+            models.Index(fields=["created_at"], name="commit_created"),
             # Audit's pause, resume and move entries: the commits whose first event is one of
             # OPERATOR_EVENTS (such a commit carries that event alone).
             models.Index(

@@ -7,7 +7,10 @@ unit of pruning and of export is the thread:
   ended before a cutoff, with the log and every projection of it. It keeps (and says why) a
   thread with an unreconciled Indeterminate call (``inventory.unreconciled_calls``: an
   operator still has to check the downstream system) or with an open child (a run not ended
-  whose ``metadata.parent_run_id`` names one of the thread's runs).
+  whose ``metadata.parent_run_id`` names one of the thread's runs). A batch is one short
+  transaction: it decides its threads again under their locks, then deletes their rows with
+  one statement per table (``LEAVES``, then calls, runs, threads), so a pruned run costs the
+  same whatever the size of the history.
 - ``export_thread`` writes the log as JSON lines: one header line (the thread), then one line
   per ThreadCommit in sequence order. ``import_thread`` folds those lines with the pure rule
   book first (the same fold ``runtime_fsck`` uses), writes them through the coordinator
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from django.db.models import Count, Max, Q
+from django.db import models
 from django.utils.dateparse import parse_datetime
 
 from runtime import codec, db, fsck, inventory
@@ -35,7 +38,19 @@ from runtime.domain.commit import CommitDraft, fold
 from runtime.domain.model import RunState
 from runtime.errors import ImportRefused, InvalidCommit, NotFound, RuntimeFault
 from runtime.keyset import RowCompare
-from runtime.models import ReconciliationRecord, Run, Thread, ThreadCommit, Ticket
+from runtime.models import (
+    CommandRecord,
+    LateEvidence,
+    MessageRecord,
+    ReconciliationRecord,
+    Run,
+    StartRecord,
+    StreamCheckpoint,
+    Thread,
+    ThreadCommit,
+    Ticket,
+    ToolCallRecord,
+)
 
 FORMAT = "runtime-thread-log/1"
 LIVE_STATES = tuple(state.value for state in RunState if state is not RunState.ENDED)
@@ -45,6 +60,9 @@ REASONS: dict[KeepReason, str] = {
     "not reconciled (applied / not applied)",
     "open_child": "a child run (metadata.parent_run_id) has not ended",
 }
+# Threads per transaction: short enough that a batch holds its locks for well under a second
+# (docs/performance.md, "Retention").
+BATCH_SIZE = 500
 
 
 # -- prune ------------------------------------------------------------------------------------
@@ -64,31 +82,51 @@ class PruneReport:
     kept: dict[str, list[KeepReason]] = field(default_factory=dict)
 
 
-def eligible_threads(cutoff: datetime) -> Any:
-    """Threads with at least one run, every run ended, the last one before ``cutoff``."""
-    return (
-        Thread.objects.filter(active_run__isnull=True)
-        .annotate(
-            n_runs=Count("runs"),
-            open_runs=Count("runs", filter=~Q(runs__state="ended")),
-            last_end=Max("runs__committed_at"),
-        )
-        .filter(n_runs__gt=0, open_runs=0, last_end__lt=cutoff)
-        .order_by("id")
-    )
+def _eligible(cutoff: datetime, batch: list[str], *, lock: bool) -> dict[str, int]:
+    """``{thread id: runs}`` of the threads of ``batch`` that are eligible now: no active run,
+    at least one run, every run ended, the latest commit of a run before ``cutoff``.
+
+    Reads the batch's threads (locked first when ``lock``: PostgreSQL) and their runs, two
+    indexed reads whatever the size of the history; the caller's transaction makes the
+    decision and the delete one.
+    """
+    threads = Thread.objects.filter(id__in=batch)
+    if lock:
+        threads = threads.select_for_update()
+    idle = [tid for tid, active in threads.values_list("id", "active_run_id") if active is None]
+    runs: Counter[str] = Counter()
+    last: dict[str, datetime] = {}
+    refused: set[str] = set()
+    for thread_id, state, at in Run.objects.filter(thread_id__in=idle).values_list(
+        "thread_id", "state", "committed_at"
+    ):
+        runs[thread_id] += 1
+        if state != RunState.ENDED.value:
+            refused.add(thread_id)
+        elif at is not None:
+            last[thread_id] = max(last.get(thread_id, at), at)
+    return {
+        tid: n
+        for tid, n in sorted(runs.items())
+        if tid not in refused and tid in last and last[tid] < cutoff
+    }
 
 
 def keep_reasons(thread_ids: list[str]) -> dict[str, list[KeepReason]]:
-    """``{thread id: [reasons]}`` for the threads of ``thread_ids`` that must be kept."""
-    reasons: dict[str, list[KeepReason]] = {}
-    unsettled = (
-        inventory.unreconciled_calls()
-        .filter(run__thread_id__in=thread_ids)
-        .values_list("run__thread_id", flat=True)
+    """``{thread id: [reasons]}`` for the threads of ``thread_ids`` that must be kept.
+
+    Reads the threads' runs, then their unreconciled calls by run id (so the read follows the
+    batch, not every Indeterminate call of the history), and the live runs for open children.
+    """
+    runs = dict(Run.objects.filter(thread_id__in=thread_ids).values_list("id", "thread_id"))
+    unsettled = {
+        runs[run_id]
+        for run_id in inventory.unreconciled_calls()
+        .filter(run_id__in=list(runs))
+        .order_by()  # DISTINCT over the run ids alone, not the calls' default ordering
+        .values_list("run_id", flat=True)
         .distinct()
-    )
-    for thread_id in unsettled:
-        reasons.setdefault(thread_id, []).append("unreconciled_indeterminate")
+    }
     # The runs not ended are the live ones, read by state (run_state_recent): their number
     # follows the work in progress, not the history.
     parents = {
@@ -97,12 +135,12 @@ def keep_reasons(thread_ids: list[str]) -> dict[str, list[KeepReason]]:
         .filter(metadata__has_key="parent_run_id")
         .values_list("metadata__parent_run_id", flat=True)
     }
-    if parents:
-        for thread_id in (
-            Run.objects.filter(id__in=parents, thread_id__in=thread_ids)
-            .values_list("thread_id", flat=True)
-            .distinct()
-        ):
+    open_child = {runs[parent] for parent in parents if parent in runs}
+    reasons: dict[str, list[KeepReason]] = {}
+    for thread_id in sorted(unsettled | open_child):
+        if thread_id in unsettled:
+            reasons.setdefault(thread_id, []).append("unreconciled_indeterminate")
+        if thread_id in open_child:
             reasons.setdefault(thread_id, []).append("open_child")
     return reasons
 
@@ -147,27 +185,80 @@ def _batches(cutoff: datetime, size: int) -> Iterator[list[str]]:
         after = last
 
 
-def prune(cutoff: datetime, *, dry_run: bool = False, batch_size: int = 500) -> PruneReport:
-    """Delete eligible threads (see the module docstring) ``batch_size`` threads per
+# Every row that references a pruned thread, children before parents, so that each table is
+# one DELETE over the batch's thread ids (issue 28: Django's cascade loaded the runs, their
+# calls and tickets, then deleted them a hundred ids per statement, model by model). These
+# have no relation pointing at them: QuerySet.delete() deletes them in one statement.
+LEAVES: tuple[tuple[type[models.Model], str], ...] = (
+    (LateEvidence, "call__run__thread_id__in"),
+    (Ticket, "run__thread_id__in"),
+    (ReconciliationRecord, "thread_id__in"),
+    (MessageRecord, "thread_id__in"),
+    (CommandRecord, "run__thread_id__in"),
+    (StartRecord, "run__thread_id__in"),
+    (StreamCheckpoint, "run__thread_id__in"),
+    (ThreadCommit, "thread_id__in"),
+)
+# Calls, runs and threads have relations pointing at them, so QuerySet.delete() would collect
+# them row by row; their dependents are gone by now (LEAVES), so a plain DELETE each. The
+# AFTER DELETE trigger on runtime_run keeps the run counts (migration 0018).
+_CALLS, _RUNS, _THREADS = (m._meta.db_table for m in (ToolCallRecord, Run, Thread))
+DELETE_CALLS = (
+    f"DELETE FROM {_CALLS} WHERE run_id IN (SELECT id FROM {_RUNS} WHERE thread_id IN ({{ids}}))"
+)
+DELETE_RUNS = f"DELETE FROM {_RUNS} WHERE thread_id IN ({{ids}})"
+DELETE_THREADS = f"DELETE FROM {_THREADS} WHERE id IN ({{ids}})"
+# Models the delete covers: tests check that every relation to these is one of LEAVES'.
+PRUNED: tuple[type[models.Model], ...] = (
+    *(model for model, _ in LEAVES),
+    ToolCallRecord,
+    Run,
+    Thread,
+)
+
+
+def _delete(thread_ids: list[str]) -> int:
+    """Delete the threads and every row that references them; return the commits deleted.
+
+    One statement per table, in the caller's transaction."""
+    commits = 0
+    for model, where in LEAVES:
+        deleted, _ = model._default_manager.filter(**{where: thread_ids}).delete()
+        if model is ThreadCommit:
+            commits = deleted
+    ids = ", ".join(["%s"] * len(thread_ids))
+    with db.connection.cursor() as cursor:
+        for statement in (DELETE_CALLS, DELETE_RUNS, DELETE_THREADS):
+            cursor.execute(statement.format(ids=ids), thread_ids)
+    return commits
+
+
+def prune(cutoff: datetime, *, dry_run: bool = False, batch_size: int = BATCH_SIZE) -> PruneReport:
+    """Delete eligible threads (see the module docstring) about ``batch_size`` threads per
     transaction; on a dry run delete nothing and report what would go.
 
     Each batch locks its threads (PostgreSQL), then decides again inside its transaction, so a
-    run started or a reconciliation recorded meanwhile is respected.
+    run started or a reconciliation recorded meanwhile is respected; the delete is one
+    statement per table (LEAVES, then calls, runs, threads).
     """
     report = PruneReport(dry_run=dry_run, cutoff=cutoff)
+    lock = db.connection.vendor == "postgresql" and not dry_run
     for batch in _batches(cutoff, batch_size):
         with db.atomic():
-            if db.connection.vendor == "postgresql" and not dry_run:
-                list(Thread.objects.select_for_update().filter(id__in=batch).values("id"))
-            still = list(eligible_threads(cutoff).filter(id__in=batch).values_list("id", flat=True))
-            kept = keep_reasons(still)
+            still = _eligible(cutoff, batch, lock=lock)
+            kept = keep_reasons(list(still))
             report.kept.update(kept)
             doomed = [tid for tid in still if tid not in kept]
+            if not doomed:
+                continue
             report.pruned["threads"] += len(doomed)
-            report.pruned["runs"] += Run.objects.filter(thread_id__in=doomed).count()
-            report.pruned["commits"] += ThreadCommit.objects.filter(thread_id__in=doomed).count()
-            if not dry_run and doomed:
-                Thread.objects.filter(id__in=doomed).delete()
+            report.pruned["runs"] += sum(still[tid] for tid in doomed)
+            if dry_run:
+                report.pruned["commits"] += ThreadCommit.objects.filter(
+                    thread_id__in=doomed
+                ).count()
+            else:
+                report.pruned["commits"] += _delete(doomed)
     return report
 
 

@@ -8,12 +8,14 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db.models import F
+from django.utils import timezone
 
 from runtime import codec, fsck
 from runtime.coordinator import read_head, read_run
@@ -122,6 +124,43 @@ def test_a_clean_log_exits_zero(busy_thread, make_thread):
 def test_an_unknown_thread_is_a_usage_error():
     with pytest.raises(CommandError, match="does not exist") as excinfo:
         call_command("runtime_fsck", "--thread", "nope", stdout=StringIO())
+    assert excinfo.value.returncode == 2
+
+
+@pytest.mark.django_db
+def test_since_checks_exactly_the_threads_with_a_recent_commit(busy_thread, make_thread):
+    old, recent = busy_thread(), busy_thread()
+    quiet = make_thread()  # no commit at all: never a candidate
+    ThreadCommit.objects.filter(thread_id=old.thread_id).update(
+        created_at=timezone.now() - timedelta(days=10)
+    )
+    # The old thread's projection disagrees with its log: only a full check sees it.
+    ToolCallRecord.objects.filter(id=old.done_call).update(result="forged")
+    assert fsck.recent_threads(timezone.now() - timedelta(days=1)) == [recent.thread_id]
+    assert fsck.recent_threads(timezone.now() - timedelta(days=11)) == sorted(
+        [old.thread_id, recent.thread_id]
+    )
+    assert quiet not in fsck.recent_threads(timezone.now() - timedelta(days=365))
+    code, out = fsck_command("--since", "1", "--json")
+    assert (code, json.loads(out)) == (0, {"threads": 1, "violations": [], "ok": True})
+    assert fsck_command("--since", "0.5") == (0, "checked 1 thread(s): 0 violation(s)\n")
+    code, out = fsck_command("--since", "11")
+    assert code == 1
+    assert out.splitlines()[-1] == "checked 2 thread(s): 1 violation(s)"
+    assert fsck_command()[0] == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--thread", "x", "--since", "1"), "--thread and --since exclude each other"),
+        (("--since", "-1"), "--since must be 0 or more days"),
+    ],
+)
+def test_since_refuses_a_thread_and_a_negative_number_of_days(args, message):
+    with pytest.raises(CommandError, match=message) as excinfo:
+        call_command("runtime_fsck", *args, stdout=StringIO())
     assert excinfo.value.returncode == 2
 
 

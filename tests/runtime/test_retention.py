@@ -10,21 +10,30 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.apps import apps
 from django.core.management import call_command
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import Model
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from runtime import fsck, operations, retention
+from runtime import db, fsck, operations, retention
 from runtime.domain.model import Decision, ResumeCommand, TicketKind
 from runtime.errors import ImportRefused
 from runtime.models import (
+    CommandRecord,
+    LateEvidence,
     MessageRecord,
     ReconciliationRecord,
     Run,
+    StartRecord,
+    StreamCheckpoint,
     Thread,
     ThreadCommit,
     Ticket,
@@ -174,6 +183,98 @@ def _rich_thread(work_inline: Any, start: Any) -> str:
     second.fail()
     operations.reconcile(call.call_id, outcome="not_applied", evidence="none", actor="op")
     return thread_id
+
+
+def _operational_rows(thread_id: str) -> None:
+    """Give the thread's runs the rows no fold writes: idempotency records, a stream
+    checkpoint and late evidence, so that a prune has every kind of row to delete."""
+    for run in Run.objects.filter(thread_id=thread_id):
+        CommandRecord.objects.create(run=run, key="k", request_hash="h", response={})
+        StartRecord.objects.create(run=run, actor="t", key=run.id, request_hash="h")
+        StreamCheckpoint.objects.create(run=run, step=1, text="partial")
+    for call in ToolCallRecord.objects.filter(run__thread_id=thread_id):
+        LateEvidence.objects.create(call=call, result="late")
+
+
+def _references() -> dict[type[Model], list[tuple[type[Model], str]]]:
+    """``{model: [(referencing model, its foreign key column)]}`` over every installed model,
+    for the models a prune deletes."""
+    found: dict[type[Model], list[tuple[type[Model], str]]] = {m: [] for m in retention.PRUNED}
+    for model in apps.get_models():
+        for f in model._meta.get_fields():
+            if f.concrete and f.is_relation and f.related_model in found:
+                found[f.related_model].append((model, f.attname))
+    return found
+
+
+def _rows_of(thread_ids: list[str]) -> dict[str, int]:
+    """How many rows of each table a prune deletes reference the threads (keys through
+    their runs and calls too)."""
+    runs = list(Run.objects.filter(thread_id__in=thread_ids).values_list("id", flat=True))
+    ids: dict[type[Model], list[str]] = {
+        Thread: thread_ids,
+        Run: runs,
+        ToolCallRecord: list(
+            ToolCallRecord.objects.filter(run_id__in=runs).values_list("id", flat=True)
+        ),
+    }
+    counts: dict[str, int] = {}
+    for target, referencing in _references().items():
+        for model, column in referencing:
+            if target in ids:
+                n = model._default_manager.filter(**{f"{column}__in": ids[target]}).count()
+                counts[f"{model._meta.db_table}.{column}"] = n
+    counts["runtime_thread"] = Thread.objects.filter(id__in=thread_ids).count()
+    return counts
+
+
+def test_every_relation_to_a_pruned_row_is_deleted_by_the_prune():
+    """A model added later with a key to a thread, a run, a call or a ticket must be in
+    retention.LEAVES (or the database refuses the prune's DELETE of its parent)."""
+    for target, referencing in _references().items():
+        for model, column in referencing:
+            assert model in retention.PRUNED, f"{model.__name__}.{column} -> {target.__name__}"
+
+
+def test_prune_deletes_every_row_of_a_pruned_thread_and_nothing_else(work_inline, start):
+    doomed = [_rich_thread(work_inline, start), ended_thread()]
+    kept = [unreconciled_thread(), _rich_thread(work_inline, start)]
+    open_run = start(text_step())  # a thread whose run has not ended
+    kept.append(run_row(open_run).thread_id)
+    for thread_id in doomed + kept:
+        _operational_rows(thread_id)
+    # The second rich thread is recent: its runs ended after the cutoff.
+    cutoff_days = 1
+    Run.objects.exclude(thread_id=kept[1]).update(committed_at=timezone.now() - timedelta(days=2))
+    before_doomed, before_kept = _rows_of(doomed), _rows_of(kept)
+    for table in ("runtime_lateevidence", "runtime_commandrecord", "runtime_ticket"):
+        assert before_doomed[f"{table}.{'call_id' if 'evidence' in table else 'run_id'}"] > 0
+    total = {m: m._default_manager.count() for m in retention.PRUNED}
+
+    dry = prune("--ended-before", str(cutoff_days), "--dry-run")
+    assert {m: m._default_manager.count() for m in retention.PRUNED} == total
+    report = prune("--ended-before", str(cutoff_days))
+    commits = before_doomed["runtime_threadcommit.thread_id"]
+    assert report["pruned"] == dry["pruned"] == {"threads": 2, "runs": 3, "commits": commits}
+    reasons = [{"thread_id": kept[0], "reasons": ["unreconciled_indeterminate"]}]
+    assert report["kept"] == dry["kept"] == reasons
+    assert set(_rows_of(doomed).values()) == {0}
+    assert _rows_of(kept) == before_kept
+    assert fsck.check() == []
+
+
+def test_prune_costs_the_same_statements_per_batch_whatever_its_threads(
+    django_assert_num_queries,
+):
+    template = ended_thread()
+    clone_thread(template, 59)
+    with CaptureQueriesContext(db.connection) as small:
+        retention.prune(timezone.now(), batch_size=100)
+    assert not Thread.objects.exists()
+    template = ended_thread()
+    clone_thread(template, 9)
+    with django_assert_num_queries(len(small)):  # 10 threads or 60: one batch, same queries
+        retention.prune(timezone.now(), batch_size=100)
 
 
 def test_export_then_import_round_trips_byte_for_byte(work_inline, start, command, tmp_path):

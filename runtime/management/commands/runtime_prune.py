@@ -35,7 +35,12 @@ class Command(RuntimeCommand):
             help="prune threads whose last run ended more than DAYS days ago (0: any ended)",
         )
         parser.add_argument("--dry-run", action="store_true", help="report, delete nothing")
-        parser.add_argument("--batch-size", type=int, default=500, help="threads per batch")
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=retention.BATCH_SIZE,
+            help=f"threads per transaction (default {retention.BATCH_SIZE})",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args: Any, ended_before: float, **options: Any) -> None:
