@@ -58,7 +58,8 @@ import sys
 import tempfile
 import time
 import uuid
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -782,26 +783,10 @@ def storage() -> dict[str, float]:
     return dict(sorted(sizes.items(), key=lambda item: -item[1]))
 
 
-def measure(database_url: str, requests: int, slow_ms: float) -> dict[str, Any]:
-    from django.contrib.auth import get_user_model
-    from django.contrib.auth.models import Permission
-    from django.test import Client
-
-    from console.models import ApiToken
-    from runtime.models import Run
-
-    env = environment(database_url)
-    user_model = get_user_model()
-    user, _ = user_model.objects.get_or_create(username=USERNAME)
-    user.is_staff = user.is_superuser = True
-    user.save()
-    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="console"))
-    _, token = ApiToken.issue(user, name="history-bench")
-    login = Client()
-    login.force_login(user)
-    cookie = login.cookies["sessionid"].value
-    reads = the_reads()
-    stream_run = pick(Run.objects.filter(state="ended").order_by("-created_at").values_list("id"))
+@contextmanager
+def serve(env: dict[str, str]) -> Iterator[str]:
+    """daphne serving ``console.asgi:application`` on a free loopback port, with ``env``;
+    yields its base URL and stops it on exit."""
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         port = free_port()
         log = Path(tmp) / "daphne.log"
@@ -841,7 +826,36 @@ def measure(database_url: str, requests: int, slow_ms: float) -> dict[str, Any]:
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"daphne did not start:\n{log.read_text()}") from None
                 time.sleep(0.2)
-        base = f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}"
+
+
+def sign_in() -> tuple[Any, str, str]:
+    """The bench's operator (every console permission): ``(user, session cookie, API
+    token)``."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+    from django.test import Client
+
+    from console.models import ApiToken
+
+    user, _ = get_user_model().objects.get_or_create(username=USERNAME)
+    user.is_staff = user.is_superuser = True
+    user.save()
+    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="console"))
+    _, token = ApiToken.issue(user, name="history-bench")
+    login = Client()
+    login.force_login(user)
+    return user, login.cookies["sessionid"].value, token
+
+
+def measure(database_url: str, requests: int, slow_ms: float) -> dict[str, Any]:
+    from runtime.models import Run
+
+    env = environment(database_url)
+    user, cookie, token = sign_in()
+    reads = the_reads()
+    stream_run = pick(Run.objects.filter(state="ended").order_by("-created_at").values_list("id"))
+    with serve(env) as base:
         figures = measure_http(base, reads, cookie, token, requests)
         figures["event stream first byte"] = first_byte(base, token, stream_run, requests)
     figures.update(timed_commands(env, requests))
