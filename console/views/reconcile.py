@@ -157,7 +157,7 @@ def reconciliation(request: HtmxHttpRequest) -> HttpResponse:
         return render_page(request, "console/reconcile.html", context, partial="counters")
     data = form.cleaned_data if form.is_valid() else {}
     calls = _queue(filters).order_by("-updated_at", "-id")
-    matching = calls.count()
+    matching = capped(calls)
     after = parse_cursor(data.get("after") or "")
     if after:
         calls = calls.filter(RowCompare(("updated_at", "id"), "<", after))
@@ -182,11 +182,11 @@ def reconciliation(request: HtmxHttpRequest) -> HttpResponse:
 
 
 def reconcile_counts() -> dict[str, int | str]:
-    """Indeterminate calls whose effect may have started: unreconciled (the queue, exact)
-    and recorded (history: ``capped``, "1,000+" past the cap)."""
+    """Indeterminate calls whose effect may have started: unreconciled and recorded, each
+    ``capped`` ("1,000+"): both pile up with the history."""
     pending = unreconciled_calls()
     done = _started().exclude(id__in=pending.values("id"))
-    return {"pending_count": pending.count(), "done_count": capped(done)}
+    return {"pending_count": capped(pending), "done_count": capped(done)}
 
 
 BULK_MAX = 500  # calls recorded by one confirmation

@@ -98,15 +98,16 @@ def _counts(data: dict[str, Any] | None = None, ids: Matched = None) -> dict[str
         # A cause is an ended run's: the state in the filter lets the (state, end_cause)
         # and (agent, state, end_cause) indexes answer.
         "causes": [(c, capped(base.filter(state="ended", end_cause=c))) for c in CAUSES],
-        "unreconciled": capped(flagged.values("run_id").distinct()),
+        "unreconciled": capped(base.filter(id__in=flagged.values("run_id"))),
         "paused": capped(base.filter(paused=True)),
     }
 
 
 def _kept_counts(agent: str | None) -> dict[str, Any]:
-    """The chips' exact counts of every run, or of ``agent``'s: per state and end cause from
-    the counts the database keeps (runtime.inventory.runs_by_state), paused and needing
-    reconciliation from their partial indexes (live runs, not the history)."""
+    """The chips' exact counts of every run, or of ``agent``'s, per state and end cause from
+    the counts the database keeps (runtime.inventory.runs_by_state); paused and needing
+    reconciliation capped (``capped``): runs left paused or unreconciled pile up with the
+    history (200,000 at a million runs of bench/history.py)."""
     states: dict[str, int] = {}
     causes: dict[str, int] = {}
     for (state, cause), n in inventory.runs_by_state(agent).items():
@@ -122,8 +123,8 @@ def _kept_counts(agent: str | None) -> dict[str, Any]:
         "total": sum(states.values()),
         "states": [(s, states.get(s, 0)) for s in STATES],
         "causes": [(c, causes.get(c, 0)) for c in CAUSES],
-        "unreconciled": flagged.values("run_id").distinct().count(),
-        "paused": paused.count(),
+        "unreconciled": capped(Run.objects.filter(id__in=flagged.values("run_id"))),
+        "paused": capped(paused),
     }
 
 

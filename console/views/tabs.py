@@ -1,8 +1,9 @@
 """The main navigation's live counts: open tickets (Inbox) and unreconciled calls (Reconcile).
 
-Both are COUNTs on partial indexes (``ticket_open_oldest``, ``call_indeterminate_started``),
-so they ride on every page; ``tab_count`` serves one count as a fragment that refreshes when
-a run commits.
+Both are counts on partial indexes (``ticket_open_oldest``, ``call_indeterminate_started``),
+capped at ``COUNT_CAP`` ("1,000+"): they ride on every page, and tickets left open or calls
+left unreconciled pile up with the history; ``tab_count`` serves one count as a fragment that
+refreshes when a run commits.
 """
 
 from __future__ import annotations
@@ -13,20 +14,20 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from console.models import READ
-from console.views.common import needs
+from console.views.common import capped, needs
 from runtime.inventory import unreconciled_calls
 from runtime.models import Ticket
 
 TABS = ("inbox", "reconcile")
 
 
-def count(which: str) -> int:
+def count(which: str) -> int | str:
     """Open tickets the inbox lists (``inbox``: a delegation ticket is answered by its child,
     so it is not listed nor counted) or calls still to reconcile (``reconcile``: what the
     queue's "To check" lists, ``inventory.unreconciled_calls``)."""
     if which == "inbox":
-        return Ticket.objects.filter(state="open").exclude(kind="delegation").count()
-    return unreconciled_calls().count()
+        return capped(Ticket.objects.filter(state="open").exclude(kind="delegation"))
+    return capped(unreconciled_calls())
 
 
 def tab_counts(request: HttpRequest) -> dict[str, Any]:
