@@ -82,9 +82,9 @@ class PruneReport:
     kept: dict[str, list[KeepReason]] = field(default_factory=dict)
 
 
-def _eligible(cutoff: datetime, batch: list[str], *, lock: bool) -> dict[str, int]:
-    """``{thread id: runs}`` of the threads of ``batch`` that are eligible now: no active run,
-    at least one run, every run ended, the latest commit of a run before ``cutoff``.
+def _eligible(cutoff: datetime, batch: list[str], *, lock: bool) -> dict[str, list[str]]:
+    """``{thread id: [run ids]}`` of the threads of ``batch`` that are eligible now: no active
+    run, at least one run, every run ended, the latest commit of a run before ``cutoff``.
 
     Reads the batch's threads (locked first when ``lock``: PostgreSQL) and their runs, two
     indexed reads whatever the size of the history; the caller's transaction makes the
@@ -94,31 +94,32 @@ def _eligible(cutoff: datetime, batch: list[str], *, lock: bool) -> dict[str, in
     if lock:
         threads = threads.select_for_update()
     idle = [tid for tid, active in threads.values_list("id", "active_run_id") if active is None]
-    runs: Counter[str] = Counter()
+    runs: dict[str, list[str]] = {}
     last: dict[str, datetime] = {}
     refused: set[str] = set()
-    for thread_id, state, at in Run.objects.filter(thread_id__in=idle).values_list(
-        "thread_id", "state", "committed_at"
+    for thread_id, run_id, state, at in Run.objects.filter(thread_id__in=idle).values_list(
+        "thread_id", "id", "state", "committed_at"
     ):
-        runs[thread_id] += 1
+        runs.setdefault(thread_id, []).append(run_id)
         if state != RunState.ENDED.value:
             refused.add(thread_id)
         elif at is not None:
             last[thread_id] = max(last.get(thread_id, at), at)
     return {
-        tid: n
-        for tid, n in sorted(runs.items())
+        tid: run_ids
+        for tid, run_ids in sorted(runs.items())
         if tid not in refused and tid in last and last[tid] < cutoff
     }
 
 
-def keep_reasons(thread_ids: list[str]) -> dict[str, list[KeepReason]]:
-    """``{thread id: [reasons]}`` for the threads of ``thread_ids`` that must be kept.
+def keep_reasons(runs_of: dict[str, list[str]]) -> dict[str, list[KeepReason]]:
+    """``{thread id: [reasons]}`` for the threads of ``runs_of`` (``{thread id: [its run
+    ids]}``) that must be kept.
 
-    Reads the threads' runs, then their unreconciled calls by run id (so the read follows the
-    batch, not every Indeterminate call of the history), and the live runs for open children.
+    Reads the runs' unreconciled calls by run id (so the read follows the batch, not every
+    Indeterminate call of the history), and the live runs for open children.
     """
-    runs = dict(Run.objects.filter(thread_id__in=thread_ids).values_list("id", "thread_id"))
+    runs = {run_id: tid for tid, run_ids in runs_of.items() for run_id in run_ids}
     unsettled = {
         runs[run_id]
         for run_id in inventory.unreconciled_calls()
@@ -246,13 +247,13 @@ def prune(cutoff: datetime, *, dry_run: bool = False, batch_size: int = BATCH_SI
     for batch in _batches(cutoff, batch_size):
         with db.atomic():
             still = _eligible(cutoff, batch, lock=lock)
-            kept = keep_reasons(list(still))
+            kept = keep_reasons(still)
             report.kept.update(kept)
             doomed = [tid for tid in still if tid not in kept]
             if not doomed:
                 continue
             report.pruned["threads"] += len(doomed)
-            report.pruned["runs"] += sum(still[tid] for tid in doomed)
+            report.pruned["runs"] += sum(len(still[tid]) for tid in doomed)
             if dry_run:
                 report.pruned["commits"] += ThreadCommit.objects.filter(
                     thread_id__in=doomed

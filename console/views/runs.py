@@ -91,14 +91,13 @@ def _counts(data: dict[str, Any] | None = None, ids: Matched = None) -> dict[str
     if not any(v for k, v in data.items() if k != "agent"):
         return _kept_counts(data.get("agent") or None)
     base = _filtered(data)
-    flagged = unreconciled_calls().filter(run_id__in=base.values_list("id", flat=True))
     return {
         "total": capped(base),
         "states": [(s, capped(base.filter(state=s))) for s in STATES],
         # A cause is an ended run's: the state in the filter lets the (state, end_cause)
         # and (agent, state, end_cause) indexes answer.
         "causes": [(c, capped(base.filter(state="ended", end_cause=c))) for c in CAUSES],
-        "unreconciled": capped(base.filter(id__in=flagged.values("run_id"))),
+        "unreconciled": capped(base.filter(id__in=unreconciled_calls().values("run_id"))),
         "paused": capped(base.filter(paused=True)),
     }
 

@@ -10,32 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from django.db import connection
 
+from tests.bench.support import run_bench
 from tests.subprocesses import subprocess_database_url
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_SECONDS = 180  # a loaded 2-core machine: process start-up and migrations dominate
-
-
-def _drop(database: str) -> None:
-    import psycopg
-
-    settings = connection.settings_dict
-    with psycopg.connect(
-        dbname="postgres",
-        host=settings.get("HOST") or None,
-        port=settings.get("PORT") or None,
-        user=settings.get("USER") or None,
-        password=settings.get("PASSWORD") or None,
-        autocommit=True,
-    ) as db:
-        db.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 @pytest.mark.slow
@@ -51,19 +33,8 @@ def test_compare_runs_ours_and_counts_statements(tmp_path):
         env["DATABASE_URL"] = subprocess_database_url()
         database = f"{connection.settings_dict['NAME']}_compare_smoke"
         args += ["--database", database]
-    try:
-        done = subprocess.run(
-            [sys.executable, "bench/compare.py", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_SECONDS,
-            check=False,
-        )
-    finally:
-        if database:
-            _drop(database)
+    drop = [database] if database else []
+    done = run_bench("compare.py", args, env, timeout=TIMEOUT_SECONDS, drop=drop)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"^ours, 1 worker +\d+\.\d", done.stdout, re.MULTILINE), done.stdout
     counted = re.search(r"(\d+\.\d) SQL statements per run", done.stdout)

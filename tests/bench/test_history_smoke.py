@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from django.db import connection
 
-from tests.bench.test_compare_smoke import _drop
+from tests.bench.support import run_bench
 from tests.subprocesses import subprocess_database_url
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_SECONDS = 180  # a loaded 2-core machine: process start-up and migrations dominate
 
 
@@ -35,18 +31,7 @@ def test_history_copies_every_kind_of_thread_fsck_clean(tmp_path):
     args += ["--fsck-sample", "5", "--fsck-copies", "1", "--json", str(report)]
     args += ["--database-url", subprocess_database_url()]
     env = {**os.environ, "RUNTIME_VAR_DIR": str(tmp_path)}
-    try:
-        done = subprocess.run(
-            [sys.executable, "bench/history.py", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_SECONDS,
-            check=False,
-        )
-    finally:
-        _drop(f"{prefix}_60")
+    done = run_bench("history.py", args, env, timeout=TIMEOUT_SECONDS, drop=[f"{prefix}_60"])
     assert done.returncode == 0, done.stderr[-3000:]
     build = json.loads(report.read_text())["builds"]["60"]
     assert build["copies"] >= 1, build

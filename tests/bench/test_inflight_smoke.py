@@ -14,17 +14,13 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from django.db import connection
 
-from tests.bench.test_compare_smoke import _drop
+from tests.bench.support import run_bench
 from tests.subprocesses import redis_url_for_tests, subprocess_database_url
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_SECONDS = 300  # a loaded 2-core machine: process start-up and migrations dominate
 
 
@@ -44,19 +40,8 @@ def test_inflight_measures_ours_against_a_streaming_model(tmp_path):
     args += ["--delta-sample", "2", "--json", str(report)]
     env = {**os.environ, "RUNTIME_VAR_DIR": str(tmp_path)}
     env["DATABASE_URL"] = subprocess_database_url()
-    try:
-        done = subprocess.run(
-            [sys.executable, "bench/inflight.py", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_SECONDS,
-            check=False,
-        )
-    finally:
-        for system in ("ours", "langgraph"):
-            _drop(f"{prefix}_{system}")
+    drop = [f"{prefix}_{system}" for system in ("ours", "langgraph")]
+    done = run_bench("inflight.py", args, env, timeout=TIMEOUT_SECONDS, drop=drop)
     log = (tmp_path / "inflight.log").read_text() if (tmp_path / "inflight.log").exists() else ""
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + log[-3000:]
     assert re.search(
